@@ -1,0 +1,116 @@
+"""The Python API: ``pack``, ``unpack`` and ``open``. The CLI is a thin layer over these."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from . import __version__
+from .archive.format import FORMAT_MAJOR, FORMAT_MINOR
+from .archive.reader import ArchiveReader
+from .archive.writer import DEFAULT_LEVEL, write_archive
+from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
+from .cacheroot import scan_cache
+from .errors import UsageError
+from .model import ArchiveInfo
+from .report import PackResult, UnpackResult, kind_counts
+from .triton_env import default_cache_dir, python_info, triton_info
+
+Progress = Callable[[int, int], None]  # (bytes done so far, bytes in all)
+
+
+def _created() -> int | None:
+    """Wall-clock time only when asked for (SOURCE_DATE_EPOCH): same input, same bytes."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"SOURCE_DATE_EPOCH must be an integer, not {value!r}") from None
+
+
+def _counter(total: int, progress: Progress | None):
+    if progress is None:
+        return None
+    done = 0
+
+    def on_file(n: int) -> None:
+        nonlocal done
+        done += n
+        progress(done, total)
+
+    return on_file
+
+
+def pack(
+    cache_dir: str | os.PathLike | None = None,
+    output: str | os.PathLike = "kernels.tpack",
+    *,
+    level: int = DEFAULT_LEVEL,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it."""
+    start = time.perf_counter()
+    root = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
+    if not 1 <= level <= 22:
+        raise UsageError(f"compression level must be 1-22, not {level}")
+    scan = scan_cache(root)
+    targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
+               if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
+    info = ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=_created(),
+                       python=python_info(), triton=triton_info(targets))
+    total = sum(e.size for e in scan.entries)
+    written = write_archive(os.fspath(output), scan.entries, info, level=level, on_file=_counter(total, progress))
+    return PackResult(
+        archive=os.fspath(output),
+        cache_dir=root,
+        entries=kind_counts(e.kind for e in scan.entries),
+        files=written.files,
+        unique_blobs=written.blobs,
+        bytes_in=written.bytes_in,
+        bytes_out=written.bytes_out,
+        seconds=time.perf_counter() - start,
+        skipped=scan.skipped,
+        foreign_manifests=scan.foreign_manifests,
+        triton_version=info.triton.version if info.triton else None,
+    )
+
+
+def open(path: str | os.PathLike) -> ArchiveReader:  # noqa: A001 - mirrors tarfile.open / zipfile
+    """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone."""
+    return ArchiveReader(path)
+
+
+def unpack(
+    archive: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> UnpackResult:
+    """Materialise an archive under a cache root (Triton's default when ``None``) so that Triton hits."""
+    start = time.perf_counter()
+    root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError("cache directory is not a directory", root)
+    with ArchiveReader(archive) as reader:
+        placements = [place(root, n, e, overwrite) for n, e in enumerate(reader.entries)]
+        total = sum(p.entry.files[i].size for p in placements for i in p.files)
+        written = materialize(reader, root, placements, on_file=_counter(total, progress))
+        actions = [p.action for p in placements]
+        return UnpackResult(
+            archive=os.fspath(archive),
+            cache_dir=root,
+            entries=len(placements),
+            written=actions.count(WRITE),
+            present=actions.count(PRESENT),
+            relinked=actions.count(RELINK),
+            replaced=actions.count(REPLACE),
+            conflicts=[f"{p.entry.key}/{p.entry.name}" for p in placements if p.action == CONFLICT],
+            files_written=written.files,
+            bytes_written=written.bytes,
+            seconds=time.perf_counter() - start,
+            kinds=kind_counts(e.kind for e in reader.entries),
+            unknown_entries=reader.index.unknown_entries,
+        )

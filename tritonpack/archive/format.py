@@ -1,0 +1,66 @@
+"""The fixed-size parts of a ``.tpack`` file (see spec/tpack-v1.md): header, trailer, limits."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import ArchiveError, UnsupportedFormatError
+
+MAGIC = b"\x89TPACK\r\n"
+TRAILER_MAGIC = b"TPACKEND"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+
+HEADER = struct.Struct("<8sHHI")  # magic, major, minor, flags
+TRAILER = struct.Struct("<QQQ32s8s")  # index offset, index length, index size, sha256(index bytes), magic
+HEADER_SIZE = HEADER.size  # 16
+TRAILER_SIZE = TRAILER.size  # 64
+
+# Reader limits: a hostile archive must not make a reader allocate without bound.
+MAX_INDEX_SIZE = 512 * 1024 * 1024
+MAX_BLOCK_SIZE = 256 * 1024 * 1024
+MAX_NAME_BYTES = 255
+
+
+@dataclass(frozen=True)
+class Trailer:
+    index_offset: int
+    index_length: int
+    index_size: int
+    index_sha256: bytes
+
+
+def pack_header() -> bytes:
+    return HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0)
+
+
+def parse_header(data: bytes, path: str) -> tuple[int, int]:
+    if len(data) < HEADER_SIZE:
+        raise ArchiveError("not a tpack archive (file too short)", path)
+    magic, major, minor, flags = HEADER.unpack(data[:HEADER_SIZE])
+    if magic != MAGIC:
+        raise ArchiveError("not a tpack archive (bad magic)", path)
+    if major != FORMAT_MAJOR:
+        raise UnsupportedFormatError(
+            f"format version {major}.{minor} is not supported (this tritonpack reads {FORMAT_MAJOR}.x)", path)
+    if flags != 0:
+        raise ArchiveError(f"unknown header flags 0x{flags:08x}", path)
+    return major, minor
+
+
+def pack_trailer(trailer: Trailer) -> bytes:
+    return TRAILER.pack(trailer.index_offset, trailer.index_length, trailer.index_size, trailer.index_sha256,
+                        TRAILER_MAGIC)
+
+
+def parse_trailer(data: bytes, file_size: int, path: str) -> Trailer:
+    if len(data) != TRAILER_SIZE:
+        raise ArchiveError("truncated archive (no trailer)", path)
+    offset, length, size, digest, magic = TRAILER.unpack(data)
+    if magic != TRAILER_MAGIC:
+        raise ArchiveError("truncated or corrupt archive (bad trailer magic)", path)
+    if offset < HEADER_SIZE or length == 0 or offset + length != file_size - TRAILER_SIZE:
+        raise ArchiveError("corrupt archive (index location out of range)", path)
+    if size == 0 or size > MAX_INDEX_SIZE:
+        raise ArchiveError(f"corrupt archive (index size {size} out of range)", path)
+    return Trailer(offset, length, size, digest)

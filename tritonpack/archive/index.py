@@ -1,0 +1,299 @@
+"""The archive index: the msgpack document that describes everything in a ``.tpack`` file.
+
+``encode_index`` and ``decode_index`` are inverse pure functions. ``decode_index`` treats its input as hostile:
+every field is type-checked, every name and reference validated, and the first problem raises ``ArchiveError``.
+Unknown map keys are ignored (forward compatibility within format major version 1).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ..errors import ArchiveError
+from ..model import (
+    AUTOTUNE,
+    FILE,
+    GROUP,
+    KINDS,
+    ArchiveInfo,
+    AutotuneInfo,
+    Entry,
+    KernelInfo,
+    PythonInfo,
+    StoredFile,
+    StubInfo,
+    TritonInfo,
+)
+from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
+
+CODEC_ZSTD = "zstd"
+KEY_RE = re.compile(r"^[A-Za-z0-9_\-=]{16,128}$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One independently decodable zstd frame in the data region."""
+
+    offset: int
+    length: int  # compressed bytes
+    size: int  # uncompressed bytes
+    codec: str = CODEC_ZSTD
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Where a distinct file content lives: a byte range of one block's decompressed data."""
+
+    block: int
+    offset: int
+    size: int
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class Index:
+    info: ArchiveInfo
+    blocks: tuple[Block, ...]
+    blobs: tuple[BlobRef, ...]
+    entries: tuple[Entry, ...]
+    file_blobs: dict[tuple[int, int], int]  # (entry number, file number) -> blob number
+    unknown_entries: int = 0  # entries of kinds this reader does not know, ignored
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _entry_meta(entry: Entry) -> dict:
+    if entry.kernel is not None:
+        k = entry.kernel
+        return _drop_none({
+            "backend": k.backend, "arch": k.arch, "warp_size": k.warp_size, "num_warps": k.num_warps,
+            "num_stages": k.num_stages, "num_ctas": k.num_ctas, "shared": k.shared,
+            "triton_version": k.triton_version, "hash": k.hash, "env": dict(sorted(k.env.items())),
+        })
+    if entry.autotune is not None:
+        a = entry.autotune
+        return {"function": a.function, "tuning_key": a.tuning_key, "configs": a.configs,
+                "best_config": a.best_config, "best_timing": a.best_timing}
+    if entry.stub is not None:
+        s = entry.stub
+        return _drop_none({"role": s.role, "ext_suffix": s.ext_suffix, "platform": s.platform,
+                           "tag_from": s.tag_from})
+    return {}
+
+
+def encode_index(info: ArchiveInfo, blocks, blobs, entries, file_blobs) -> bytes:
+    """Deterministic msgpack bytes of the index (maps in insertion order, which is fixed here)."""
+    doc = {
+        "format": "tpack",
+        "version": list(info.format_version),
+        "producer": _drop_none({"tritonpack": info.tritonpack, "created": info.created}),
+        "python": None if info.python is None else _drop_none(vars(info.python)),
+        "triton": None if info.triton is None else {
+            "version": info.triton.version,
+            "key_sha256": info.triton.key_sha256,
+            "backend_hashes": dict(sorted(info.triton.backend_hashes.items())),
+        },
+        "blocks": [{"codec": b.codec, "offset": b.offset, "length": b.length, "size": b.size} for b in blocks],
+        "blobs": [[b.block, b.offset, b.size, b.sha256] for b in blobs],
+        "entries": [
+            {
+                "kind": e.kind,
+                "key": e.key,
+                "name": e.name,
+                "files": [[f.name, file_blobs[(i, j)]] for j, f in enumerate(e.files)],
+                "meta": _entry_meta(e),
+            }
+            for i, e in enumerate(entries)
+        ],
+    }
+    return msgpack.packb(doc, use_bin_type=True)
+
+
+# ---- decoding (hostile input) ----
+
+class _Fields:
+    """Typed access to a msgpack map; every failure names the field."""
+
+    def __init__(self, data: Any, where: str, path: str):
+        if not isinstance(data, dict):
+            raise ArchiveError(f"index: {where} is not a map", path)
+        self.data, self.where, self.path = data, where, path
+
+    def get(self, name: str, types, required: bool = True):
+        if name not in self.data or self.data[name] is None:
+            if required:
+                raise ArchiveError(f"index: {self.where}.{name} is missing", self.path)
+            return None
+        value = self.data[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+            raise ArchiveError(f"index: {self.where}.{name} has the wrong type", self.path)
+        return value
+
+    def uint(self, name: str, required: bool = True, limit: int = 2**63) -> int | None:
+        value = self.get(name, int, required)
+        if value is not None and not 0 <= value < limit:
+            raise ArchiveError(f"index: {self.where}.{name} out of range", self.path)
+        return value
+
+
+def _as_tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def valid_file_name(name: Any) -> bool:
+    """A single path component that is safe on every filesystem we write to."""
+    if not isinstance(name, str) or not name or name in (".", ".."):
+        return False
+    if any(c in name for c in "/\\\x00") or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return False
+    return not name.startswith("tmp.")
+
+
+def _decode_info(doc: _Fields, version: tuple[int, int], path: str) -> ArchiveInfo:
+    producer = _Fields(doc.get("producer", dict), "producer", path)
+    python = None
+    if doc.data.get("python") is not None:
+        p = _Fields(doc.get("python", dict), "python", path)
+        python = PythonInfo(
+            implementation=p.get("implementation", str), version=p.get("version", str),
+            cache_tag=p.get("cache_tag", str, False), ext_suffix=p.get("ext_suffix", str, False),
+            platform=p.get("platform", str),
+        )
+    triton = None
+    if doc.data.get("triton") is not None:
+        t = _Fields(doc.get("triton", dict), "triton", path)
+        hashes = t.get("backend_hashes", dict, False) or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()):
+            raise ArchiveError("index: triton.backend_hashes has the wrong type", path)
+        triton = TritonInfo(version=t.get("version", str), key_sha256=t.get("key_sha256", str, False),
+                            backend_hashes=dict(hashes))
+    return ArchiveInfo(
+        tritonpack=producer.get("tritonpack", str),
+        format_version=version,
+        created=producer.uint("created", required=False),
+        python=python,
+        triton=triton,
+    )
+
+
+def _decode_meta(kind: str, meta: _Fields) -> dict:
+    if kind == GROUP:
+        env = meta.get("env", dict, False) or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ArchiveError(f"index: {meta.where}.env has the wrong type", meta.path)
+        arch = meta.get("arch", (int, str), False)
+        return {"kernel": KernelInfo(
+            backend=meta.get("backend", str, False), arch=arch, warp_size=meta.uint("warp_size", False),
+            num_warps=meta.uint("num_warps", False), num_stages=meta.uint("num_stages", False),
+            num_ctas=meta.uint("num_ctas", False), shared=meta.uint("shared", False),
+            triton_version=meta.get("triton_version", str, False), hash=meta.get("hash", str, False), env=env)}
+    if kind == AUTOTUNE:
+        timing = meta.get("best_timing", list, False) or []
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in timing):
+            raise ArchiveError(f"index: {meta.where}.best_timing has the wrong type", meta.path)
+        return {"autotune": AutotuneInfo(
+            function=meta.get("function", str), tuning_key=meta.get("tuning_key", list, False) or [],
+            configs=meta.uint("configs", False) or 0, best_config=meta.get("best_config", dict, False) or {},
+            best_timing=[float(t) for t in timing])}
+    return {"stub": StubInfo(
+        role=meta.get("role", str), ext_suffix=meta.get("ext_suffix", str, False),
+        platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False))}
+
+
+def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
+    try:
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        raise ArchiveError(f"index is not valid msgpack ({type(e).__name__})", path) from None
+    doc = _Fields(data, "index", path)
+    if doc.get("format", str) != "tpack":
+        raise ArchiveError("index: not a tpack index", path)
+    info = _decode_info(doc, version, path)
+
+    blocks: list[Block] = []
+    end = None
+    for n, raw_block in enumerate(doc.get("blocks", list)):
+        b = _Fields(raw_block, f"blocks[{n}]", path)
+        block = Block(offset=b.uint("offset"), length=b.uint("length"), size=b.uint("size", limit=MAX_BLOCK_SIZE + 1),
+                      codec=b.get("codec", str))
+        if end is not None and block.offset < end:
+            raise ArchiveError(f"index: blocks[{n}] overlaps the previous block", path)
+        end = block.offset + block.length
+        blocks.append(block)
+
+    blobs: list[BlobRef] = []
+    for n, raw_blob in enumerate(doc.get("blobs", list)):
+        if not (isinstance(raw_blob, list) and len(raw_blob) == 4):
+            raise ArchiveError(f"index: blobs[{n}] is malformed", path)
+        block, offset, size, digest = raw_blob
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (block, offset, size)):
+            raise ArchiveError(f"index: blobs[{n}] is malformed", path)
+        if not isinstance(digest, bytes) or len(digest) != 32:
+            raise ArchiveError(f"index: blobs[{n}] has no valid sha256", path)
+        if block >= len(blocks) or offset + size > blocks[block].size:
+            raise ArchiveError(f"index: blobs[{n}] points outside its block", path)
+        blobs.append(BlobRef(block, offset, size, digest))
+
+    entries: list[Entry] = []
+    file_blobs: dict[tuple[int, int], int] = {}
+    seen: set[tuple[str, str, str]] = set()
+    unknown = 0
+    for n, raw_entry in enumerate(doc.get("entries", list)):
+        e = _Fields(raw_entry, f"entries[{n}]", path)
+        kind = e.get("kind", str)
+        if kind not in KINDS:
+            unknown += 1
+            continue
+        key, name = e.get("key", str), e.get("name", str)
+        if not KEY_RE.match(key):
+            raise ArchiveError(f"index: entries[{n}] has an invalid cache key {key!r}", path)
+        if not valid_file_name(name):
+            raise ArchiveError(f"index: entries[{n}] has an invalid name {name!r}", path)
+        if (key, kind, name) in seen:
+            raise ArchiveError(f"index: duplicate entry {key}/{name}", path)
+        seen.add((key, kind, name))
+        files: list[StoredFile] = []
+        names: set[str] = set()
+        raw_files = e.get("files", list)
+        if not raw_files:
+            raise ArchiveError(f"index: entries[{n}] has no files", path)
+        for j, raw_file in enumerate(raw_files):
+            if not (isinstance(raw_file, list) and len(raw_file) == 2):
+                raise ArchiveError(f"index: entries[{n}].files[{j}] is malformed", path)
+            fname, blob = raw_file
+            if not valid_file_name(fname) or fname.startswith("__grp__"):
+                raise ArchiveError(f"index: entries[{n}] has an invalid file name {fname!r}", path)
+            if fname in names:
+                raise ArchiveError(f"index: entries[{n}] lists {fname} twice", path)
+            if not isinstance(blob, int) or isinstance(blob, bool) or not 0 <= blob < len(blobs):
+                raise ArchiveError(f"index: entries[{n}].files[{j}] points to no blob", path)
+            names.add(fname)
+            files.append(StoredFile(fname, blobs[blob].size, blobs[blob].sha256))
+            file_blobs[(len(entries), j)] = blob
+        if kind != GROUP and (len(files) != 1 or files[0].name != name):
+            raise ArchiveError(f"index: entries[{n}] must hold exactly the file {name}", path)
+        if kind == GROUP and f"{name}.json" not in names:
+            raise ArchiveError(f"index: entries[{n}] has no kernel metadata {name}.json", path)
+        meta = _decode_meta(kind, _Fields(e.data.get("meta") or {}, f"entries[{n}].meta", path))
+        entries.append(Entry(kind=kind, key=key, name=name, files=tuple(files), **meta))
+    _check_unique_paths(entries, path)
+    return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)
+
+
+def _check_unique_paths(entries: list[Entry], path: str) -> None:
+    """Two entries must never write the same file."""
+    owner: dict[tuple[str, str], str] = {}
+    for e in entries:
+        names = [f.name for f in e.files] + ([f"__grp__{e.name}.json"] if e.kind == GROUP else [])
+        for name in names:
+            if (e.key, name) in owner:
+                raise ArchiveError(f"index: {e.key}/{name} is claimed by two entries", path)
+            owner[(e.key, name)] = e.name
+
+
+__all__ = ["Block", "BlobRef", "Index", "encode_index", "decode_index", "valid_file_name", "CODEC_ZSTD", "FILE"]

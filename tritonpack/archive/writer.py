@@ -1,0 +1,161 @@
+"""Writing a ``.tpack`` archive from entries whose files are on disk.
+
+Files are laid out by file type and target (similar bytes side by side compress far better), packed into
+independent zstd blocks (decodable in parallel and one at a time), and identical contents are stored once.
+Each file is read exactly once; memory is bounded by a few blocks whatever the cache size.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import zstandard
+
+from ..cacheroot import LocalEntry
+from ..errors import CacheError, UsageError
+from ..model import ArchiveInfo, Entry, StoredFile
+from .format import HEADER_SIZE, MAX_BLOCK_SIZE, TRAILER_SIZE, Trailer, pack_header, pack_trailer
+from .index import Block, BlobRef, encode_index
+
+BLOCK_SIZE = 8 * 1024 * 1024
+DEFAULT_LEVEL = 3
+INDEX_LEVEL = 19
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    entries: tuple[Entry, ...]
+    files: int
+    blobs: int
+    bytes_in: int
+    bytes_out: int
+
+
+def _layout_key(entry: LocalEntry, name: str) -> tuple:
+    """Order that puts alike bytes together: by extension, then target, then name."""
+    ext = name.rsplit(".", 1)[-1] if "." in name else ""
+    if name.endswith(".autotune.json"):
+        ext = "autotune.json"
+    target = entry.kernel.target if entry.kernel else ""
+    return (ext, target, name, entry.key)
+
+
+def _compress(data: bytes, level: int) -> bytes:
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+
+
+def write_archive(
+    path: str,
+    entries: Sequence[LocalEntry],
+    info: ArchiveInfo,
+    level: int = DEFAULT_LEVEL,
+    block_size: int = BLOCK_SIZE,
+    threads: int | None = None,
+    on_file: Callable[[int], None] | None = None,
+) -> WriteResult:
+    """Write the archive to a temp file beside ``path`` and move it in place: never a half-written archive."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tpack-", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise CacheError(f"cannot create the archive: {e.strerror}", path) from e
+    try:
+        with os.fdopen(fd, "wb") as out:
+            result = _write(out, entries, info, level, block_size, threads or os.cpu_count() or 1, on_file)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+        return result
+    except OSError as e:
+        raise CacheError(f"cannot write the archive: {e.strerror}", path) from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResult:
+    entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
+    refs = sorted(
+        ((_layout_key(e, f.name), i, j) for i, e in enumerate(entries) for j, f in enumerate(e.files)),
+    )
+    out.write(pack_header())
+    offset = HEADER_SIZE
+    blocks: list[Block] = []
+    blobs: list[BlobRef] = []
+    by_digest: dict[bytes, int] = {}
+    file_blobs: dict[tuple[int, int], int] = {}
+    stored: dict[tuple[int, int], StoredFile] = {}
+    pending: deque[tuple[Future, int]] = deque()
+    buffer: list[bytes] = []
+    buffered = 0
+    bytes_in = 0
+
+    def drain(limit: int) -> None:
+        nonlocal offset
+        while len(pending) > limit:
+            future, size = pending.popleft()
+            data = future.result()
+            out.write(data)
+            blocks.append(Block(offset=offset, length=len(data), size=size))
+            offset += len(data)
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        def flush() -> None:
+            nonlocal buffer, buffered
+            if buffered:
+                pending.append((pool.submit(_compress, b"".join(buffer), level), buffered))
+                buffer, buffered = [], 0
+                drain(threads * 2)
+
+        for _, i, j in refs:
+            local = entries[i].files[j]
+            try:
+                with open(local.path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise CacheError(f"cannot read: {e.strerror}", local.path) from e
+            if len(data) > MAX_BLOCK_SIZE:
+                raise UsageError(f"file larger than {MAX_BLOCK_SIZE} bytes cannot be archived", local.path)
+            bytes_in += len(data)
+            digest = hashlib.sha256(data).digest()
+            stored[(i, j)] = StoredFile(local.name, len(data), digest)
+            blob = by_digest.get(digest)
+            if blob is None:
+                if buffered and buffered + len(data) > block_size:
+                    flush()
+                blob = len(blobs)
+                by_digest[digest] = blob
+                blobs.append(BlobRef(block=len(blocks) + len(pending), offset=buffered, size=len(data),
+                                     sha256=digest))
+                buffer.append(data)
+                buffered += len(data)
+            file_blobs[(i, j)] = blob
+            if on_file:
+                on_file(len(data))
+        flush()
+        drain(0)
+
+    model = tuple(
+        Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[(i, j)] for j in range(len(e.files))),
+              kernel=e.kernel, autotune=e.autotune, stub=e.stub)
+        for i, e in enumerate(entries)
+    )
+    raw_index = encode_index(info, blocks, blobs, model, file_blobs)
+    index = _compress(raw_index, INDEX_LEVEL)
+    out.write(index)
+    out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
+    out.flush()
+    return WriteResult(model, len(refs), len(blobs), bytes_in, offset + len(index) + TRAILER_SIZE)
+
+
+__all__ = ["write_archive", "WriteResult", "BLOCK_SIZE", "DEFAULT_LEVEL"]

@@ -1,0 +1,161 @@
+"""Materialising archive entries under a cache root so that Triton finds them.
+
+Every file is written to a temp file in its key directory and moved in with ``os.replace``; a group's
+``__grp__`` manifest, which Triton treats as the commit marker, is written only after all of its files are in
+place, with absolute paths under the target root. An existing group whose content differs is never replaced
+unless asked to be.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .archive.reader import ArchiveReader
+from .errors import CacheError
+from .model import GROUP, Entry, manifest_name
+
+WRITE = "write"  # absent (or invisible leftovers): written
+PRESENT = "present"  # identical already: nothing to do
+RELINK = "relink"  # identical files, manifest points elsewhere: manifest rewritten
+CONFLICT = "conflict"  # different content present: kept
+REPLACE = "replace"  # different content present and overwrite asked: replaced
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What unpacking will do with one entry, and which of its files must be written."""
+
+    number: int  # the entry's position in the archive
+    entry: Entry
+    action: str
+    files: tuple[int, ...] = ()  # indices into entry.files to write
+
+    @property
+    def writes_manifest(self) -> bool:
+        return self.entry.kind == GROUP and self.action in (WRITE, REPLACE, RELINK)
+
+
+def manifest_bytes(root: str, entry: Entry) -> bytes:
+    """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
+    key_dir = os.path.join(root, entry.key)
+    children = {f.name: os.path.join(key_dir, f.name) for f in entry.files}
+    return json.dumps({"child_paths": children}).encode("utf-8")
+
+
+def _same_file(path: str, size: int, sha256: bytes) -> bool | None:
+    """True if identical, False if different, None if absent."""
+    try:
+        if os.path.getsize(path) != size:
+            return False
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.digest() == sha256
+    except FileNotFoundError:
+        return None
+    except (IsADirectoryError, NotADirectoryError):
+        return False
+
+
+def _read_manifest(path: str):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def place(root: str, number: int, entry: Entry, overwrite: bool) -> Placement:
+    """Compare one entry with what the root holds and decide what to do."""
+    key_dir = os.path.join(root, entry.key)
+    states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
+    differs = any(s is False for s in states)
+    todo = tuple(i for i, s in enumerate(states) if s is not True)
+    if entry.kind != GROUP:
+        if not todo:
+            return Placement(number, entry, PRESENT)
+        if differs:
+            return Placement(number, entry, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
+        return Placement(number, entry, WRITE, todo)
+    manifest = _read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
+    if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
+        return Placement(number, entry, WRITE, todo)
+    if differs:
+        return Placement(number, entry, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
+    if todo:  # a manifest whose files are missing is a broken group: repair it
+        return Placement(number, entry, WRITE, todo)
+    expected = json.loads(manifest_bytes(root, entry))
+    if manifest == expected:
+        return Placement(number, entry, PRESENT)
+    return Placement(number, entry, RELINK)
+
+
+def _atomic_write(directory: str, name: str, data: bytes) -> None:
+    tmp = os.path.join(directory, f"tmp.tpack.{os.getpid()}.{uuid.uuid4().hex[:12]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@dataclass(frozen=True)
+class Written:
+    files: int
+    bytes: int
+
+
+def materialize(
+    reader: ArchiveReader,
+    root: str,
+    placements: Sequence[Placement],
+    on_file: Callable[[int], None] | None = None,
+) -> Written:
+    """Write the planned files, then the manifests. Raises ``CacheError`` on any filesystem failure."""
+    root = os.path.abspath(root)
+    try:
+        return _materialize(reader, root, placements, on_file)
+    except OSError as e:
+        raise CacheError(f"cannot write: {e.strerror}", e.filename or root) from e
+
+
+def _materialize(reader, root, placements, on_file) -> Written:
+    targets: dict[int, list[tuple[str, str]]] = {}
+    for p in placements:
+        if p.action not in (WRITE, REPLACE, RELINK):
+            continue
+        key_dir = os.path.join(root, p.entry.key)
+        os.makedirs(key_dir, exist_ok=True)
+        if p.entry.kind == GROUP and p.files:
+            # Hide the group from Triton while its files change: the manifest goes first, comes back last.
+            try:
+                os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
+            except FileNotFoundError:
+                pass
+        for i in p.files:
+            targets.setdefault(reader.blob_of(p.number, i), []).append((key_dir, p.entry.files[i].name))
+    files = written = 0
+    for blob, content in reader.iter_blobs(targets):
+        for key_dir, name in targets[blob]:
+            _atomic_write(key_dir, name, content)
+            files += 1
+            written += len(content)
+            if on_file:
+                on_file(len(content))
+    for p in placements:
+        if p.writes_manifest:
+            _atomic_write(os.path.join(root, p.entry.key), manifest_name(p.entry.name), manifest_bytes(root, p.entry))
+    return Written(files, written)

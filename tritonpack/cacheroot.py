@@ -1,0 +1,262 @@
+"""Reading a Triton cache root (3.0-3.9 layouts) into entries, and reporting what is skipped and why.
+
+A root holds one directory per cache key. A key directory with a ``__grp__<name>.json`` manifest is a compiled
+kernel group; its files are taken from the key directory itself by name, never from the absolute paths the
+manifest records (those may point into another root the cache was copied from).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+from .errors import CacheError
+from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, StubInfo, manifest_name
+from .triton_env import python_info
+
+# hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+); a little wider so that future encodings still read.
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9_\-=]{16,128}$")
+MANIFEST_PREFIX = "__grp__"
+AUTOTUNE_SUFFIX = ".autotune.json"
+# Files only a compile writes; seen without a manifest they mean an interrupted compile.
+KERNEL_SUFFIXES = (".json", ".source", ".ttir", ".ttgir", ".llir", ".ptx", ".cubin", ".amdgcn", ".hsaco", ".glir")
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    name: str
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class LocalEntry:
+    """An entry found under a cache root, its files still on disk."""
+
+    kind: str
+    key: str
+    name: str
+    files: tuple[LocalFile, ...]
+    kernel: KernelInfo | None = None
+    autotune: AutotuneInfo | None = None
+    stub: StubInfo | None = None
+    foreign_manifest: bool = False  # the manifest pointed outside its own directory
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Something under a root that is not packed, with the reason, so nothing is dropped silently."""
+
+    path: str  # relative to the root
+    reason: str
+
+
+@dataclass
+class CacheScan:
+    root: str
+    entries: list[LocalEntry] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def foreign_manifests(self) -> int:
+        return sum(1 for e in self.entries if e.foreign_manifest)
+
+
+def kernel_info(metadata: dict) -> KernelInfo:
+    """The fields of Triton's kernel metadata json that identify and describe the kernel."""
+    target = metadata.get("target") or {}
+    if isinstance(target, list):  # some versions serialise GPUTarget as [backend, arch, warp_size]
+        target = dict(zip(("backend", "arch", "warp_size"), target))
+
+    def integer(name):
+        value = metadata.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    env = {k: str(v) for k, v in sorted(metadata.items()) if _ENV_NAME.match(k)}
+    return KernelInfo(
+        backend=target.get("backend"),
+        arch=target.get("arch"),
+        warp_size=target.get("warp_size"),
+        num_warps=integer("num_warps"),
+        num_stages=integer("num_stages"),
+        num_ctas=integer("num_ctas"),
+        shared=integer("shared"),
+        triton_version=metadata.get("triton_version"),
+        hash=metadata.get("hash"),
+        env=env,
+    )
+
+
+def autotune_info(file_name: str, data: dict) -> AutotuneInfo:
+    timings = data.get("configs_timings") or []
+    best_config: dict = {}
+    best_timing: list = []
+    pairs = [(c, t if isinstance(t, list) else [t]) for c, t in timings if isinstance(c, dict)]
+    if pairs:
+        best_config, best_timing = min(pairs, key=lambda pair: pair[1])
+    return AutotuneInfo(
+        function=file_name[: -len(AUTOTUNE_SUFFIX)],
+        tuning_key=list(data.get("key") or []),
+        configs=len(timings),
+        best_config={k: v for k, v in best_config.items() if v is not None},
+        best_timing=[float(t) for t in best_timing],
+    )
+
+
+def stub_info(file_name: str) -> StubInfo:
+    """Tag a loose file; a launcher's ABI comes from its name (3.4+) or, for ``name.so``, from the packer."""
+    if not file_name.endswith(".so"):
+        return StubInfo(role="other")
+    here = python_info()
+    stem = file_name.partition(".")[0]
+    suffix = file_name[len(stem):]
+    if suffix != ".so":
+        return StubInfo(role="launcher", ext_suffix=suffix, platform=here.platform, tag_from="filename")
+    return StubInfo(role="launcher", ext_suffix=here.ext_suffix, platform=here.platform, tag_from="packer")
+
+
+def _regular_files(key_dir: str, rel: str, skipped: list[Skipped]) -> dict[str, int]:
+    """Name -> size of the plain files of a key dir; everything else is reported."""
+    files: dict[str, int] = {}
+    with os.scandir(key_dir) as it:
+        for item in sorted(it, key=lambda d: d.name):
+            where = f"{rel}/{item.name}"
+            if item.name.startswith("tmp."):
+                skipped.append(Skipped(where, "temporary file of an unfinished write"))
+                continue
+            st = item.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                files[item.name] = st.st_size
+            elif stat.S_ISLNK(st.st_mode):
+                skipped.append(Skipped(where, "symbolic link (never followed)"))
+            elif stat.S_ISDIR(st.st_mode):
+                skipped.append(Skipped(where, "unexpected directory"))
+            else:
+                skipped.append(Skipped(where, "not a regular file"))
+    return files
+
+
+def _read_json(path: str):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
+                skipped: list[Skipped]) -> LocalEntry | None:
+    key_dir = os.path.join(root, key)
+    rel = f"{key}/{manifest}"
+    data = _read_json(os.path.join(key_dir, manifest))
+    children = data.get("child_paths") if isinstance(data, dict) else None
+    if not isinstance(children, dict) or not children:
+        skipped.append(Skipped(rel, "unreadable manifest"))
+        return None
+    group_name = manifest[len(MANIFEST_PREFIX):-len(".json")]
+    names = list(children)
+    bad = [n for n in names if not isinstance(n, str) or "/" in n or n in (".", "..") or n.startswith(MANIFEST_PREFIX)]
+    if bad:
+        skipped.append(Skipped(rel, f"manifest names an invalid child {bad[0]!r}"))
+        return None
+    missing = [n for n in names if n not in files]
+    if missing:
+        skipped.append(Skipped(rel, f"incomplete group: {missing[0]} is missing"))
+        return None
+    metadata_name = f"{group_name}.json"
+    if metadata_name not in children:
+        skipped.append(Skipped(rel, f"incomplete group: manifest does not list {metadata_name}"))
+        return None
+    metadata = _read_json(os.path.join(key_dir, metadata_name))
+    if not isinstance(metadata, dict):
+        skipped.append(Skipped(f"{key}/{metadata_name}", "unreadable kernel metadata"))
+        return None
+    own_dir = os.path.abspath(key_dir)
+    foreign = any(
+        not isinstance(path, str) or os.path.dirname(os.path.abspath(path)) != own_dir for path in children.values()
+    )
+    return LocalEntry(
+        kind=GROUP,
+        key=key,
+        name=group_name,
+        files=tuple(LocalFile(n, os.path.join(key_dir, n), files[n]) for n in names),
+        kernel=kernel_info(metadata),
+        foreign_manifest=foreign,
+    )
+
+
+def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
+    key_dir = os.path.join(root, key)
+    files = _regular_files(key_dir, key, scan.skipped)
+    claimed: set[str] = set()
+    for name in [n for n in files if n.startswith(MANIFEST_PREFIX) and n.endswith(".json")]:
+        claimed.add(name)
+        entry = _scan_group(root, key, name, files, scan.skipped)
+        if entry is not None:
+            scan.entries.append(entry)
+            claimed.update(f.name for f in entry.files)
+        else:  # its children are reported with the manifest, not one by one
+            data = _read_json(os.path.join(key_dir, name))
+            children = data.get("child_paths") if isinstance(data, dict) else None
+            if isinstance(children, dict):
+                claimed.update(n for n in children if isinstance(n, str))
+    loose = [n for n in files if n not in claimed]
+    orphans = [n for n in loose if n.endswith(KERNEL_SUFFIXES) and not n.endswith(AUTOTUNE_SUFFIX)]
+    if orphans:
+        scan.skipped.append(Skipped(f"{key}/{orphans[0]}",
+                                    f"incomplete group: no manifest for {len(orphans)} kernel file(s)"))
+    for name in loose:
+        if name in orphans:
+            continue
+        path = os.path.join(key_dir, name)
+        local = (LocalFile(name, path, files[name]),)
+        if name.endswith(AUTOTUNE_SUFFIX):
+            data = _read_json(path)
+            if not isinstance(data, dict) or not isinstance(data.get("configs_timings"), list):
+                scan.skipped.append(Skipped(f"{key}/{name}", "unreadable autotune result"))
+                continue
+            scan.entries.append(LocalEntry(AUTOTUNE, key, name, local, autotune=autotune_info(name, data)))
+        elif name.endswith(".so"):
+            scan.entries.append(LocalEntry(FILE, key, name, local, stub=stub_info(name)))
+        elif name == "lock" and files[name] == 0:
+            scan.skipped.append(Skipped(f"{key}/{name}", "lock file"))
+        else:
+            scan.skipped.append(Skipped(f"{key}/{name}", "unrecognised file"))
+
+
+def scan_cache(root: str) -> CacheScan:
+    """Every entry under ``root``, in sorted order, plus what was skipped. Reads, never writes."""
+    if not os.path.exists(root):
+        raise CacheError("cache directory does not exist", root)
+    if not os.path.isdir(root):
+        raise CacheError("not a directory", root)
+    scan = CacheScan(root=root)
+    try:
+        items = sorted(os.scandir(root), key=lambda d: d.name)
+    except OSError as e:
+        raise CacheError(f"cannot read: {e.strerror}", root) from e
+    for item in items:
+        if item.name.startswith("tmp."):
+            scan.skipped.append(Skipped(item.name, "temporary file of an unfinished write"))
+        elif item.is_symlink():
+            scan.skipped.append(Skipped(item.name, "symbolic link (never followed)"))
+        elif not item.is_dir():
+            scan.skipped.append(Skipped(item.name, "stray file at the root"))
+        elif not KEY_PATTERN.match(item.name):
+            scan.skipped.append(Skipped(item.name, "not a cache key directory"))
+        else:
+            try:
+                _scan_key_dir(root, item.name, scan)
+            except OSError as e:
+                scan.skipped.append(Skipped(item.name, f"unreadable: {e.strerror}"))
+    return scan
+
+
+__all__ = ["CacheScan", "LocalEntry", "LocalFile", "Skipped", "scan_cache", "kernel_info", "manifest_name"]

@@ -1,0 +1,41 @@
+"""One exception hierarchy; the CLI maps each class to an exit code in one place."""
+from __future__ import annotations
+
+
+class TpackError(Exception):
+    """Base of every error tritonpack raises on purpose.
+
+    ``path`` names the file the problem is about, so the CLI can print ``error: <path>: <message>``.
+    """
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class UsageError(TpackError):
+    """A wrong argument or option value."""
+
+
+class ArchiveError(TpackError):
+    """The archive is not a valid ``.tpack`` file: wrong magic, truncated, corrupt, or hostile."""
+
+
+class UnsupportedFormatError(ArchiveError):
+    """A valid archive of a format major version this tritonpack cannot read."""
+
+
+class IntegrityError(ArchiveError):
+    """Stored bytes do not match their recorded sha256."""
+
+
+class CacheError(TpackError):
+    """A cache root cannot be read or written (missing, not a directory, permissions, disk full)."""
+
+
+class IncompatibleError(TpackError):
+    """No entry of the archive would be used by the local Triton (see ``check``)."""

@@ -1,0 +1,82 @@
+"""Rendering an archive's index for people (a table) and programs (JSON)."""
+from __future__ import annotations
+
+from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
+from .report import human_bytes
+
+
+def entry_to_dict(entry: Entry) -> dict:
+    d: dict = {
+        "kind": entry.kind,
+        "key": entry.key,
+        "name": entry.name,
+        "size": entry.size,
+        "files": [{"name": f.name, "size": f.size, "sha256": f.sha256.hex()} for f in entry.files],
+    }
+    if entry.kernel:
+        k = entry.kernel
+        d.update(target=k.target, backend=k.backend, arch=k.arch, warp_size=k.warp_size, num_warps=k.num_warps,
+                 num_stages=k.num_stages, num_ctas=k.num_ctas, shared=k.shared, triton_version=k.triton_version,
+                 hash=k.hash, env=k.env)
+    if entry.autotune:
+        a = entry.autotune
+        d.update(function=a.function, tuning_key=a.tuning_key, configs=a.configs, best_config=a.best_config,
+                 best_timing=a.best_timing)
+    if entry.stub:
+        s = entry.stub
+        d.update(role=s.role, ext_suffix=s.ext_suffix, platform=s.platform, tag_from=s.tag_from)
+    return d
+
+
+def info_to_dict(info: ArchiveInfo, digest: str) -> dict:
+    return {
+        "tritonpack": info.tritonpack,
+        "format_version": ".".join(map(str, info.format_version)),
+        "created": info.created,
+        "index_sha256": digest,
+        "python": vars(info.python) if info.python else None,
+        "triton": vars(info.triton) if info.triton else None,
+    }
+
+
+def _config_text(config: dict) -> str:
+    kwargs = config.get("kwargs") or {}
+    parts = [f"{k}={v}" for k, v in kwargs.items()]
+    parts += [f"{k}={config[k]}" for k in ("num_warps", "num_stages", "num_ctas") if k in config]
+    return ", ".join(parts)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
+
+
+def render_table(info: ArchiveInfo, entries: tuple[Entry, ...], archive: str) -> str:
+    triton = f"Triton {info.triton.version}" if info.triton else "Triton unknown"
+    python = f"{info.python.cache_tag} {info.python.platform}" if info.python else "python unknown"
+    out = [f"{archive}: tpack {'.'.join(map(str, info.format_version))}, tritonpack {info.tritonpack}, "
+           f"{triton}, {python}"]
+    groups = [e for e in entries if e.kind == GROUP]
+    if groups:
+        rows = []
+        for e in sorted(groups, key=lambda e: (e.name, e.target or "", e.key)):
+            k = e.kernel
+            rows.append([e.name, k.target, str(k.num_warps), str(k.num_stages), str(k.shared), str(len(e.files)),
+                         human_bytes(e.size), k.triton_version or "?", e.key[:12]])
+        out += ["", f"kernels ({len(groups)})"]
+        out += _table(["name", "target", "warps", "stages", "shared", "files", "bytes", "triton", "key"], rows)
+    tuned = [e for e in entries if e.kind == AUTOTUNE]
+    if tuned:
+        rows = [[e.autotune.function, str(e.autotune.configs), _config_text(e.autotune.best_config),
+                 ", ".join(map(str, e.autotune.tuning_key)), e.key[:12]] for e in tuned]
+        out += ["", f"autotune results ({len(tuned)})"]
+        out += _table(["function", "configs", "best config", "tuning key", "key"], rows)
+    other = [e for e in entries if e.kind not in (GROUP, AUTOTUNE)]
+    if other:
+        rows = [[e.name, e.stub.role if e.stub else "?", human_bytes(e.size), e.key[:12]] for e in other]
+        out += ["", f"other files ({len(other)})"]
+        out += _table(["name", "role", "bytes", "key"], rows)
+    if not entries:
+        out.append("(empty archive)")
+    return "\n".join(out)

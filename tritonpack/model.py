@@ -1,0 +1,124 @@
+"""The typed model shared by sources, destinations and the archive format."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP = "group"
+AUTOTUNE = "autotune"
+FILE = "file"
+KINDS = (GROUP, AUTOTUNE, FILE)
+
+
+def manifest_name(group_name: str) -> str:
+    """Triton names a group's manifest after its metadata file: ``__grp__<name>.json``."""
+    return f"__grp__{group_name}.json"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One file of an entry as the archive records it."""
+
+    name: str
+    size: int
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What a group's metadata json says about the compiled kernel."""
+
+    backend: str | None = None
+    arch: str | int | None = None
+    warp_size: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    num_ctas: int | None = None
+    shared: int | None = None
+    triton_version: str | None = None
+    hash: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        """``backend:arch`` as users write it (``cuda:90``, ``hip:gfx942``)."""
+        if self.backend is None:
+            return "?"
+        return f"{self.backend}:{self.arch}"
+
+
+@dataclass(frozen=True)
+class AutotuneInfo:
+    """A ``<fn>.autotune.json``: the tuning key and the fastest config."""
+
+    function: str
+    tuning_key: list[Any] = field(default_factory=list)
+    configs: int = 0
+    best_config: dict[str, Any] = field(default_factory=dict)
+    best_timing: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StubInfo:
+    """A loose file; launcher stubs are CPython extensions tied to an ABI and a platform."""
+
+    role: str  # "launcher" or "other"
+    ext_suffix: str | None = None  # e.g. ".cpython-311-x86_64-linux-gnu.so"
+    platform: str | None = None  # sysconfig.get_platform() of the packing host
+    tag_from: str | None = None  # "filename" when the name carries the ABI tag, "packer" when assumed
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One unit of a cache: a compiled kernel group, an autotune result, or a loose file.
+
+    ``key`` is the cache key directory; ``name`` the kernel name (groups) or the file name.
+    ``files`` of a group are in the order of its manifest.
+    """
+
+    kind: str
+    key: str
+    name: str
+    files: tuple[StoredFile, ...]
+    kernel: KernelInfo | None = None
+    autotune: AutotuneInfo | None = None
+    stub: StubInfo | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def ident(self) -> tuple[str, str, str]:
+        return (self.key, self.kind, self.name)
+
+    @property
+    def target(self) -> str | None:
+        return self.kernel.target if self.kernel else None
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    implementation: str
+    version: str
+    cache_tag: str | None
+    ext_suffix: str | None
+    platform: str
+
+
+@dataclass(frozen=True)
+class TritonInfo:
+    """The Triton that packed the archive: what decides whether its cache keys match elsewhere."""
+
+    version: str
+    key_sha256: str | None
+    backend_hashes: dict[str, str] = field(default_factory=dict)  # "cuda:90" -> backend.hash()
+
+
+@dataclass(frozen=True)
+class ArchiveInfo:
+    tritonpack: str
+    format_version: tuple[int, int]
+    created: int | None
+    python: PythonInfo | None
+    triton: TritonInfo | None

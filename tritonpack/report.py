@@ -1,0 +1,120 @@
+"""Result objects of pack and unpack, with the one-line summaries the CLI prints."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from .cacheroot import Skipped
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _counts(kinds: dict[str, int]) -> str:
+    labels = {"group": "kernel", "autotune": "autotune result", "file": "file"}
+    parts = [f"{n} {labels[k]}{'' if n == 1 else 's'}" for k, n in kinds.items() if n]
+    return ", ".join(parts) or "nothing"
+
+
+def skipped_lines(skipped: list[Skipped], examples: int = 3) -> list[str]:
+    """One line per reason, with a few example paths: counted and explained, never silent."""
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s.reason, []).append(s.path)
+    lines = []
+    for reason, paths in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(paths[:examples]) + (", ..." if len(paths) > examples else "")
+        lines.append(f"skipped {len(paths)}: {reason} ({shown})")
+    return lines
+
+
+@dataclass
+class PackResult:
+    archive: str
+    cache_dir: str
+    entries: dict[str, int]  # kind -> count
+    files: int
+    unique_blobs: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    skipped: list[Skipped] = field(default_factory=list)
+    foreign_manifests: int = 0
+    triton_version: str | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+    def summary(self) -> str:
+        return (f"packed {sum(self.entries.values())} entries ({_counts(self.entries)}) from {self.cache_dir}: "
+                f"{self.files} files, {human_bytes(self.bytes_in)} -> {human_bytes(self.bytes_out)} "
+                f"({self.ratio:.1f}x) in {self.seconds:.2f} s -> {self.archive}")
+
+    def notes(self) -> list[str]:
+        lines = skipped_lines(self.skipped)
+        if self.foreign_manifests:
+            lines.append(f"{self.foreign_manifests} manifest(s) pointed outside their own directory (a copied "
+                         "cache); their files were read from the group's own directory")
+        if self.triton_version is None:
+            lines.append("Triton is not importable here: the archive records no Triton build key or backend hashes")
+        return lines
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["skipped"] = [asdict(s) for s in self.skipped]
+        d["ratio"] = round(self.ratio, 3)
+        return d
+
+
+@dataclass
+class UnpackResult:
+    archive: str
+    cache_dir: str
+    entries: int
+    written: int
+    present: int
+    relinked: int
+    replaced: int
+    conflicts: list[str]
+    files_written: int
+    bytes_written: int
+    seconds: float
+    kinds: dict[str, int] = field(default_factory=dict)
+    unknown_entries: int = 0
+
+    def summary(self) -> str:
+        parts = [f"{self.written} written", f"{self.present} already present"]
+        if self.relinked:
+            parts.append(f"{self.relinked} relinked")
+        if self.replaced:
+            parts.append(f"{self.replaced} replaced")
+        if self.conflicts:
+            parts.append(f"{len(self.conflicts)} kept (differ)")
+        return (f"unpacked {self.entries} entries ({_counts(self.kinds)}) into {self.cache_dir}: "
+                f"{', '.join(parts)}; {self.files_written} files, {human_bytes(self.bytes_written)} "
+                f"in {self.seconds:.2f} s")
+
+    def notes(self) -> list[str]:
+        lines = []
+        if self.conflicts:
+            shown = ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else "")
+            lines.append(f"kept {len(self.conflicts)} existing entr{'y' if len(self.conflicts) == 1 else 'ies'} "
+                         f"whose content differs from the archive (--overwrite replaces them): {shown}")
+        if self.unknown_entries:
+            lines.append(f"skipped {self.unknown_entries} entries of a kind this tritonpack does not know "
+                         "(archive written by a newer version)")
+        return lines
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kind_counts(kinds) -> dict[str, int]:
+    counts = Counter(kinds)
+    return {k: counts.get(k, 0) for k in ("group", "autotune", "file")}

@@ -1,0 +1,89 @@
+"""What the local environment is: Triton's default cache root, the Python ABI, and the local Triton's identity.
+
+Triton is optional; every function here works without it and says so by returning ``None``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping
+
+from .model import PythonInfo, TritonInfo
+
+
+def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    """Triton's own resolution (3.2-3.9): ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~``.
+
+    Implemented from the environment rather than by importing Triton, so it costs nothing and works without
+    Triton; it is the same rule as ``triton.knobs.cache.dir``.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get("TRITON_CACHE_DIR", "").strip()
+    if explicit:
+        return explicit
+    home = env.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".triton", "cache")
+
+
+def python_info() -> PythonInfo:
+    return PythonInfo(
+        implementation=sys.implementation.name,
+        version=f"{sys.version_info.major}.{sys.version_info.minor}",
+        cache_tag=sys.implementation.cache_tag,
+        ext_suffix=sysconfig.get_config_var("EXT_SUFFIX"),
+        platform=sysconfig.get_platform(),
+    )
+
+
+def _import_triton():
+    try:
+        import triton  # noqa: F401
+    except Exception:  # Triton absent or broken: nothing to say about it
+        return None
+    return triton
+
+
+def triton_version() -> str | None:
+    triton = _import_triton()
+    return getattr(triton, "__version__", None) if triton else None
+
+
+def _triton_key_function():
+    try:
+        from triton.runtime.cache import triton_key  # 3.4+
+    except ImportError:
+        from triton.compiler.compiler import triton_key  # 3.0-3.3
+    return triton_key
+
+
+def _backend_hash(backend: str, arch: str | int, warp_size: int) -> str | None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    try:
+        return make_backend(GPUTarget(backend, arch, warp_size)).hash()
+    except Exception:  # a backend whose toolchain (ptxas, ld.lld) is missing here
+        return None
+
+
+def triton_info(targets: Iterable[tuple[str, str | int, int]] = ()) -> TritonInfo | None:
+    """The local Triton's version, a digest of ``triton_key()`` and ``backend.hash()`` for each target.
+
+    ``targets`` are ``(backend, arch, warp_size)``; their hashes are keyed ``backend:arch``.
+    """
+    triton = _import_triton()
+    if triton is None:
+        return None
+    try:
+        key = _triton_key_function()()
+        key_sha256 = hashlib.sha256(key.encode("utf-8")).hexdigest()
+    except Exception:
+        key_sha256 = None
+    hashes = {}
+    for backend, arch, warp_size in sorted(set(targets), key=str):
+        value = _backend_hash(backend, arch, warp_size)
+        if value is not None:
+            hashes[f"{backend}:{arch}"] = value
+    return TritonInfo(version=triton.__version__, key_sha256=key_sha256, backend_hashes=hashes)
