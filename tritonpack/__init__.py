@@ -3,9 +3,9 @@ from __future__ import annotations
 
 __version__ = "1.0.0"
 
-from .api import open, pack, unpack  # noqa: E402,A004
-from .archive.reader import ArchiveReader  # noqa: E402
-from .errors import (  # noqa: E402
+from .api import open, pack, unpack
+from .archive.reader import ArchiveReader
+from .errors import (
     ArchiveError,
     CacheError,
     IncompatibleError,
@@ -14,8 +14,8 @@ from .errors import (  # noqa: E402
     UnsupportedFormatError,
     UsageError,
 )
-from .model import ArchiveInfo, Entry, KernelInfo, StoredFile  # noqa: E402
-from .report import PackResult, UnpackResult  # noqa: E402
+from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
+from .report import PackResult, UnpackResult
 
 __all__ = [
     "__version__", "pack", "unpack", "open", "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",

@@ -11,7 +11,7 @@ from .archive.reader import ArchiveReader
 from .archive.writer import DEFAULT_LEVEL, write_archive
 from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
 from .cacheroot import scan_cache
-from .errors import UsageError
+from .errors import CacheError, UsageError
 from .model import ArchiveInfo
 from .report import PackResult, UnpackResult, kind_counts
 from .triton_env import default_cache_dir, python_info, triton_info
@@ -25,9 +25,12 @@ def _created() -> int | None:
     if not value:
         return None
     try:
-        return int(value)
+        created = int(value)
     except ValueError:
-        raise UsageError(f"SOURCE_DATE_EPOCH must be an integer, not {value!r}") from None
+        created = -1
+    if not 0 <= created < 2**63:
+        raise UsageError(f"SOURCE_DATE_EPOCH must be a non-negative integer, not {value!r}")
+    return created
 
 
 def _counter(total: int, progress: Progress | None):
@@ -77,7 +80,7 @@ def pack(
     )
 
 
-def open(path: str | os.PathLike) -> ArchiveReader:  # noqa: A001 - mirrors tarfile.open / zipfile
+def open(path: str | os.PathLike) -> ArchiveReader:
     """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone."""
     return ArchiveReader(path)
 
@@ -95,7 +98,10 @@ def unpack(
     if os.path.exists(root) and not os.path.isdir(root):
         raise UsageError("cache directory is not a directory", root)
     with ArchiveReader(archive) as reader:
-        placements = [place(root, n, e, overwrite) for n, e in enumerate(reader.entries)]
+        try:
+            placements = [place(root, n, e, overwrite) for n, e in enumerate(reader.entries)]
+        except OSError as e:
+            raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
         written = materialize(reader, root, placements, on_file=_counter(total, progress))
         actions = [p.action for p in placements]

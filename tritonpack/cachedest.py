@@ -7,6 +7,7 @@ unless asked to be.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -105,10 +106,8 @@ def _atomic_write(directory: str, name: str, data: bytes) -> None:
             f.write(data)
         os.replace(tmp, os.path.join(directory, name))
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 
@@ -141,10 +140,8 @@ def _materialize(reader, root, placements, on_file) -> Written:
         os.makedirs(key_dir, exist_ok=True)
         if p.entry.kind == GROUP and p.files:
             # Hide the group from Triton while its files change: the manifest goes first, comes back last.
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
-            except FileNotFoundError:
-                pass
         for i in p.files:
             targets.setdefault(reader.blob_of(p.number, i), []).append((key_dir, p.entry.files[i].name))
     files = written = 0

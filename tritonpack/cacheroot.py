@@ -12,12 +12,13 @@ import re
 import stat
 from dataclasses import dataclass, field
 
+from .archive.index import valid_file_name
 from .errors import CacheError
 from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, StubInfo, manifest_name
 from .triton_env import python_info
 
 # hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+); a little wider so that future encodings still read.
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9_\-=]{16,128}$")
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 MANIFEST_PREFIX = "__grp__"
 AUTOTUNE_SUFFIX = ".autotune.json"
 # Files only a compile writes; seen without a manifest they mean an interrupted compile.
@@ -73,37 +74,52 @@ def kernel_info(metadata: dict) -> KernelInfo:
     """The fields of Triton's kernel metadata json that identify and describe the kernel."""
     target = metadata.get("target") or {}
     if isinstance(target, list):  # some versions serialise GPUTarget as [backend, arch, warp_size]
-        target = dict(zip(("backend", "arch", "warp_size"), target))
+        target = dict(zip(("backend", "arch", "warp_size"), target, strict=False))
+    if not isinstance(target, dict):
+        target = {}
 
-    def integer(name):
-        value = metadata.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    def integer(value):
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    def text(value):
+        return value if isinstance(value, str) else None
+
+    arch = target.get("arch")
 
     env = {k: str(v) for k, v in sorted(metadata.items()) if _ENV_NAME.match(k)}
     return KernelInfo(
-        backend=target.get("backend"),
-        arch=target.get("arch"),
-        warp_size=target.get("warp_size"),
-        num_warps=integer("num_warps"),
-        num_stages=integer("num_stages"),
-        num_ctas=integer("num_ctas"),
-        shared=integer("shared"),
-        triton_version=metadata.get("triton_version"),
-        hash=metadata.get("hash"),
+        backend=text(target.get("backend")),
+        arch=arch if isinstance(arch, str) or integer(arch) is not None else None,
+        warp_size=integer(target.get("warp_size")),
+        num_warps=integer(metadata.get("num_warps")),
+        num_stages=integer(metadata.get("num_stages")),
+        num_ctas=integer(metadata.get("num_ctas")),
+        shared=integer(metadata.get("shared")),
+        triton_version=text(metadata.get("triton_version")),
+        hash=text(metadata.get("hash")),
         env=env,
     )
 
 
 def autotune_info(file_name: str, data: dict) -> AutotuneInfo:
-    timings = data.get("configs_timings") or []
-    best_config: dict = {}
-    best_timing: list = []
-    pairs = [(c, t if isinstance(t, list) else [t]) for c, t in timings if isinstance(c, dict)]
-    if pairs:
-        best_config, best_timing = min(pairs, key=lambda pair: pair[1])
+    """Summary of Triton's autotune json; ``ValueError`` when it is not the shape Triton writes."""
+    timings = data.get("configs_timings")
+    key = data.get("key") or []
+    if not isinstance(timings, list) or not isinstance(key, list):
+        raise ValueError("not an autotune result")
+    pairs = []
+    for item in timings:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], dict)):
+            raise ValueError("malformed configs_timings")
+        config, timing = item
+        timing = timing if isinstance(timing, list) else [timing]
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in timing):
+            raise ValueError("non-numeric timing")
+        pairs.append((config, timing))
+    best_config, best_timing = min(pairs, key=lambda pair: pair[1]) if pairs else ({}, [])
     return AutotuneInfo(
         function=file_name[: -len(AUTOTUNE_SUFFIX)],
-        tuning_key=list(data.get("key") or []),
+        tuning_key=list(key),
         configs=len(timings),
         best_config={k: v for k, v in best_config.items() if v is not None},
         best_timing=[float(t) for t in best_timing],
@@ -161,8 +177,11 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
         skipped.append(Skipped(rel, "unreadable manifest"))
         return None
     group_name = manifest[len(MANIFEST_PREFIX):-len(".json")]
+    if not group_name:
+        skipped.append(Skipped(rel, "manifest names no kernel"))
+        return None
     names = list(children)
-    bad = [n for n in names if not isinstance(n, str) or "/" in n or n in (".", "..") or n.startswith(MANIFEST_PREFIX)]
+    bad = [n for n in names if not valid_file_name(n) or n.startswith(MANIFEST_PREFIX)]
     if bad:
         skipped.append(Skipped(rel, f"manifest names an invalid child {bad[0]!r}"))
         return None
@@ -219,10 +238,12 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
         local = (LocalFile(name, path, files[name]),)
         if name.endswith(AUTOTUNE_SUFFIX):
             data = _read_json(path)
-            if not isinstance(data, dict) or not isinstance(data.get("configs_timings"), list):
+            try:
+                info = autotune_info(name, data if isinstance(data, dict) else {})
+            except ValueError:
                 scan.skipped.append(Skipped(f"{key}/{name}", "unreadable autotune result"))
                 continue
-            scan.entries.append(LocalEntry(AUTOTUNE, key, name, local, autotune=autotune_info(name, data)))
+            scan.entries.append(LocalEntry(AUTOTUNE, key, name, local, autotune=info))
         elif name.endswith(".so"):
             scan.entries.append(LocalEntry(FILE, key, name, local, stub=stub_info(name)))
         elif name == "lock" and files[name] == 0:
@@ -249,7 +270,7 @@ def scan_cache(root: str) -> CacheScan:
             scan.skipped.append(Skipped(item.name, "symbolic link (never followed)"))
         elif not item.is_dir():
             scan.skipped.append(Skipped(item.name, "stray file at the root"))
-        elif not KEY_PATTERN.match(item.name):
+        elif not KEY_PATTERN.fullmatch(item.name):
             scan.skipped.append(Skipped(item.name, "not a cache key directory"))
         else:
             try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from typing import Optional
 
 import typer
 
@@ -75,7 +74,7 @@ def _emit(result, as_json: bool, quiet: bool) -> None:
 
 @app.command()
 def pack(
-    cache_dir: Optional[str] = typer.Argument(
+    cache_dir: str | None = typer.Argument(
         None, help="Cache root to pack. Default: Triton's own (TRITON_CACHE_DIR, $TRITON_HOME/.triton/cache, "
                    "~/.triton/cache)."),
     output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
@@ -95,7 +94,7 @@ def pack(
 @app.command()
 def unpack(
     archive: str = typer.Argument(..., help="The .tpack archive."),
-    cache_dir: Optional[str] = typer.Option(
+    cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),

@@ -15,6 +15,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def _counts(kinds: dict[str, int]) -> str:
     labels = {"group": "kernel", "autotune": "autotune result", "file": "file"}
     parts = [f"{n} {labels[k]}{'' if n == 1 else 's'}" for k, n in kinds.items() if n]
@@ -52,7 +56,8 @@ class PackResult:
         return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
 
     def summary(self) -> str:
-        return (f"packed {sum(self.entries.values())} entries ({_counts(self.entries)}) from {self.cache_dir}: "
+        count = plural(sum(self.entries.values()), "entry", "entries")
+        return (f"packed {count} ({_counts(self.entries)}) from {self.cache_dir}: "
                 f"{self.files} files, {human_bytes(self.bytes_in)} -> {human_bytes(self.bytes_out)} "
                 f"({self.ratio:.1f}x) in {self.seconds:.2f} s -> {self.archive}")
 
@@ -96,7 +101,7 @@ class UnpackResult:
             parts.append(f"{self.replaced} replaced")
         if self.conflicts:
             parts.append(f"{len(self.conflicts)} kept (differ)")
-        return (f"unpacked {self.entries} entries ({_counts(self.kinds)}) into {self.cache_dir}: "
+        return (f"unpacked {plural(self.entries, 'entry', 'entries')} ({_counts(self.kinds)}) into {self.cache_dir}: "
                 f"{', '.join(parts)}; {self.files_written} files, {human_bytes(self.bytes_written)} "
                 f"in {self.seconds:.2f} s")
 

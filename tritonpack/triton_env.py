@@ -39,7 +39,7 @@ def python_info() -> PythonInfo:
 
 def _import_triton():
     try:
-        import triton  # noqa: F401
+        import triton
     except Exception:  # Triton absent or broken: nothing to say about it
         return None
     return triton

@@ -61,6 +61,6 @@ def parse_trailer(data: bytes, file_size: int, path: str) -> Trailer:
         raise ArchiveError("truncated or corrupt archive (bad trailer magic)", path)
     if offset < HEADER_SIZE or length == 0 or offset + length != file_size - TRAILER_SIZE:
         raise ArchiveError("corrupt archive (index location out of range)", path)
-    if size == 0 or size > MAX_INDEX_SIZE:
+    if size == 0 or size > MAX_INDEX_SIZE or length > MAX_INDEX_SIZE:
         raise ArchiveError(f"corrupt archive (index size {size} out of range)", path)
     return Trailer(offset, length, size, digest)

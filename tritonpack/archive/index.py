@@ -30,7 +30,7 @@ from ..model import (
 from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
 
 CODEC_ZSTD = "zstd"
-KEY_RE = re.compile(r"^[A-Za-z0-9_\-=]{16,128}$")
+KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,9 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     doc = _Fields(data, "index", path)
     if doc.get("format", str) != "tpack":
         raise ArchiveError("index: not a tpack index", path)
+    declared = doc.get("version", list)
+    if not declared or declared[0] != version[0]:
+        raise ArchiveError(f"index: version {declared!r} does not match the header's {version[0]}.x", path)
     info = _decode_info(doc, version, path)
 
     blocks: list[Block] = []
@@ -250,9 +253,9 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             unknown += 1
             continue
         key, name = e.get("key", str), e.get("name", str)
-        if not KEY_RE.match(key):
+        if not KEY_RE.fullmatch(key):
             raise ArchiveError(f"index: entries[{n}] has an invalid cache key {key!r}", path)
-        if not valid_file_name(name):
+        if not valid_file_name(name) or (kind == GROUP and not valid_file_name(f"__grp__{name}.json")):
             raise ArchiveError(f"index: entries[{n}] has an invalid name {name!r}", path)
         if (key, kind, name) in seen:
             raise ArchiveError(f"index: duplicate entry {key}/{name}", path)
@@ -279,7 +282,7 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             raise ArchiveError(f"index: entries[{n}] must hold exactly the file {name}", path)
         if kind == GROUP and f"{name}.json" not in names:
             raise ArchiveError(f"index: entries[{n}] has no kernel metadata {name}.json", path)
-        meta = _decode_meta(kind, _Fields(e.data.get("meta") or {}, f"entries[{n}].meta", path))
+        meta = _decode_meta(kind, _Fields(e.get("meta", dict, False) or {}, f"entries[{n}].meta", path))
         entries.append(Entry(kind=kind, key=key, name=name, files=tuple(files), **meta))
     _check_unique_paths(entries, path)
     return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)

@@ -24,10 +24,10 @@ def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
         params = zstandard.get_frame_parameters(data)
     except zstandard.ZstdError:
         raise ArchiveError(f"{what} is not a zstd frame", path) from None
-    if params.content_size not in (size, zstandard.CONTENTSIZE_UNKNOWN):
+    if params.content_size != size:
         raise ArchiveError(f"{what} declares {params.content_size} bytes, the index says {size}", path)
     try:
-        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as e:
         raise ArchiveError(f"{what} is corrupt ({e})", path) from None
     if len(out) != size:
@@ -41,7 +41,7 @@ class ArchiveReader:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            self._file = open(self.path, "rb")
+            self._file = open(self.path, "rb")  # noqa: SIM115 - held for the reader's lifetime
         except FileNotFoundError:
             raise UsageError("no such archive", self.path) from None
         except IsADirectoryError:

@@ -20,7 +20,7 @@ from ..cacheroot import LocalEntry
 from ..errors import CacheError, UsageError
 from ..model import ArchiveInfo, Entry, StoredFile
 from .format import HEADER_SIZE, MAX_BLOCK_SIZE, TRAILER_SIZE, Trailer, pack_header, pack_trailer
-from .index import Block, BlobRef, encode_index
+from .index import BlobRef, Block, decode_index, encode_index
 
 BLOCK_SIZE = 8 * 1024 * 1024
 DEFAULT_LEVEL = 3
@@ -112,7 +112,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     with ThreadPoolExecutor(max_workers=threads) as pool:
         def flush() -> None:
             nonlocal buffer, buffered
-            if buffered:
+            if buffer:
                 pending.append((pool.submit(_compress, b"".join(buffer), level), buffered))
                 buffer, buffered = [], 0
                 drain(threads * 2)
@@ -131,7 +131,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             stored[(i, j)] = StoredFile(local.name, len(data), digest)
             blob = by_digest.get(digest)
             if blob is None:
-                if buffered and buffered + len(data) > block_size:
+                if buffer and buffered + len(data) > block_size:
                     flush()
                 blob = len(blobs)
                 by_digest[digest] = blob
@@ -151,6 +151,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
         for i, e in enumerate(entries)
     )
     raw_index = encode_index(info, blocks, blobs, model, file_blobs)
+    decode_index(raw_index, out.name, info.format_version)  # never write what a reader would reject
     index = _compress(raw_index, INDEX_LEVEL)
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
