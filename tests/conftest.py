@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION is unset")
+
+
+def snapshot(root) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``root``: size, mtime and sha256, to prove that nothing was written."""
+    result = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            result[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns, digest)
+    return result
+
+
+@pytest.fixture(scope="session")
+def compiled_root(tmp_path_factory) -> Path:
+    """A real Triton cache root compiled once per session; tests copy it, never change it."""
+    pytest.importorskip("triton")
+    from kernels import compile_all
+
+    root = tmp_path_factory.mktemp("compiled") / "cache"
+    compile_all(root)
+    return root
+
+
+@pytest.fixture()
+def gpu_cache() -> Path:
+    """The real H200 cache (Triton 3.6, autotuned kernel, launcher stubs) committed in fixtures/."""
+    return FIXTURES / "h200-triton36" / "cache"

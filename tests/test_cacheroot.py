@@ -1,0 +1,146 @@
+"""Reading cache roots of every layout, and reporting what is skipped."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from conftest import snapshot
+
+import tritonpack
+from tritonpack.cacheroot import scan_cache
+
+
+def first_group(root):
+    return next(p.parent for p in sorted(root.glob("*/__grp__*.json")))
+
+
+@pytest.fixture()
+def root(tmp_path, compiled_root):
+    copy = tmp_path / "cache"
+    shutil.copytree(compiled_root, copy)
+    return copy
+
+
+def test_reads_every_key_encoding(tmp_path, root):
+    group = first_group(root)
+    for key in ("a" * 64, "AbC-_" + "x" * 38, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"):
+        shutil.copytree(group, root / key)  # hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+)
+    scan = scan_cache(str(root))
+    keys = {e.key for e in scan.entries}
+    assert {"a" * 64, "AbC-_" + "x" * 38, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"} <= keys
+    assert scan.skipped == []
+
+
+def test_group_without_source_file(root):
+    group = first_group(root)
+    manifest = next(group.glob("__grp__*.json"))
+    children = json.loads(manifest.read_text())["child_paths"]
+    for name in [n for n in children if n.endswith(".source")]:
+        del children[name]
+        (group / name).unlink()
+    manifest.write_text(json.dumps({"child_paths": children}))
+    entry = next(e for e in scan_cache(str(root)).entries if e.key == group.name)
+    assert [f.name for f in entry.files] == list(children)
+
+
+def test_amd_and_nvidia_files(root):
+    exts = {os.path.splitext(f.name)[1] for e in scan_cache(str(root)).entries for f in e.files}
+    assert {".cubin", ".ptx", ".json", ".ttir", ".ttgir", ".llir"} <= exts
+    import triton
+
+    if tuple(map(int, triton.__version__.split(".")[:2])) >= (3, 4):
+        assert {".amdgcn", ".hsaco", ".source"} <= exts
+
+
+def test_skips_are_counted_and_explained(root):
+    groups = sorted(p.parent for p in root.glob("*/__grp__*.json"))
+    # Triton's temp dir of an interrupted write
+    (groups[0] / "tmp.pid_123_abc").mkdir()
+    (groups[0] / "tmp.pid_123_abc" / "x.cubin").write_bytes(b"partial")
+    # a killed compile: kernel files, no manifest
+    next(groups[1].glob("__grp__*.json")).unlink()
+    # a manifest whose child is gone
+    victim = next(p for p in groups[2].iterdir() if p.suffix == ".cubin" or p.suffix == ".hsaco")
+    victim.unlink()
+    # an unreadable manifest
+    next(groups[3].glob("__grp__*.json")).write_text("{not json")
+    (root / "README").write_text("stray")
+    (root / "notakey").mkdir()
+    os.symlink(groups[4], root / ("L" * 52))
+    scan = scan_cache(str(root))
+    reasons = {s.reason.split(":")[0] for s in scan.skipped}
+    assert reasons >= {"temporary file of an unfinished write", "incomplete group", "unreadable manifest",
+                       "stray file at the root", "not a cache key directory", "symbolic link (never followed)"}
+    skipped_keys = {s.path.split("/")[0] for s in scan.skipped}
+    assert {groups[1].name, groups[2].name, groups[3].name} <= skipped_keys
+    packed_keys = {e.key for e in scan.entries}
+    assert not packed_keys & {groups[1].name, groups[2].name, groups[3].name}
+    assert groups[0].name in packed_keys  # its temp dir is skipped, the group is fine
+
+
+def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):
+    (root / "stray.txt").write_text("x")
+    before = snapshot(root)
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    assert snapshot(root) == before
+    assert any("stray" in line for line in result.notes())
+
+
+def test_foreign_manifest_is_read_from_its_own_directory(tmp_path, root):
+    """A cp -r'd cache whose old root still exists: read the files here, never the old root's."""
+    group = first_group(root)
+    json_name = next(n for n in os.listdir(group) if n.endswith(".json") and not n.startswith("__grp__"))
+    elsewhere = tmp_path / "old-root" / group.name
+    shutil.copytree(group, elsewhere)
+    (elsewhere / json_name).write_text('{"poisoned": true}')
+    manifest = next(group.glob("__grp__*.json"))
+    children = {n: str(elsewhere / n) for n in json.loads(manifest.read_text())["child_paths"]}
+    manifest.write_text(json.dumps({"child_paths": children}))
+    archive = tmp_path / "k.tpack"
+    result = tritonpack.pack(root, archive)
+    assert result.foreign_manifests >= 1
+    out = tmp_path / "out"
+    tritonpack.unpack(archive, out)
+    assert (out / group.name / json_name).read_bytes() == (group / json_name).read_bytes()
+
+
+def test_launcher_stub_tags(tmp_path):
+    root = tmp_path / "cache"
+    (root / ("K" * 52)).mkdir(parents=True)
+    (root / ("K" * 52) / "cuda_utils.so").write_bytes(b"\x7fELF old style")
+    (root / ("M" * 52)).mkdir()
+    (root / ("M" * 52) / "__triton_launcher.cpython-310-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    entries = {e.name: e for e in scan_cache(str(root)).entries}
+    assert entries["cuda_utils.so"].stub.tag_from == "packer"
+    tagged = entries["__triton_launcher.cpython-310-x86_64-linux-gnu.so"].stub
+    assert tagged.ext_suffix == ".cpython-310-x86_64-linux-gnu.so" and tagged.tag_from == "filename"
+
+
+def test_missing_root_is_a_clear_error(tmp_path):
+    with pytest.raises(tritonpack.CacheError, match="does not exist"):
+        tritonpack.pack(tmp_path / "nope", tmp_path / "k.tpack")
+
+
+def test_odd_but_legal_inputs_pack_into_readable_archives(tmp_path, monkeypatch):
+    """Whatever pack writes, the reader accepts: empty files, malformed autotune json, odd names."""
+    root = tmp_path / "cache"
+    (root / ("E" * 52)).mkdir(parents=True)
+    (root / ("E" * 52) / "empty.so").write_bytes(b"")
+    (root / ("A" * 52)).mkdir()
+    (root / ("A" * 52) / "f.autotune.json").write_text('{"configs_timings": [1]}')
+    (root / ("B" * 52)).mkdir()
+    (root / ("B" * 52) / "__grp__.json").write_text('{"child_paths": {"x": "/x"}}')
+    (root / (("C" * 52) + "\n")).mkdir()
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    assert result.entries == {"group": 0, "autotune": 0, "file": 1}
+    assert {s.reason for s in result.skipped} >= {"unreadable autotune result", "manifest names no kernel",
+                                                   "not a cache key directory"}
+    with tritonpack.open(tmp_path / "k.tpack") as reader:
+        assert [e.name for e in reader.entries] == ["empty.so"]
+    tritonpack.unpack(tmp_path / "k.tpack", tmp_path / "out")
+    assert (tmp_path / "out" / ("E" * 52) / "empty.so").read_bytes() == b""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "-1")
+    with pytest.raises(tritonpack.UsageError, match="SOURCE_DATE_EPOCH"):
+        tritonpack.pack(root, tmp_path / "k2.tpack")

@@ -1,0 +1,92 @@
+"""The command line: summaries, listing, and one-line errors with distinct exit codes, never a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tritonpack
+from tritonpack.cli import main
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tritonpack", *map(str, args)], capture_output=True, text=True,
+                          env=env)
+
+
+@pytest.fixture()
+def archive(tmp_path, gpu_cache):
+    path = tmp_path / "gpu.tpack"
+    tritonpack.pack(gpu_cache, path)
+    return path
+
+
+def test_pack_and_unpack_print_one_summary_line(tmp_path, gpu_cache):
+    out = run("pack", gpu_cache, "-o", tmp_path / "k.tpack")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1
+    assert out.stdout.startswith("packed 9 entries (5 kernels, 1 autotune result, 3 files)")
+    assert "x) in " in out.stdout
+    out = run("unpack", tmp_path / "k.tpack", "--cache-dir", tmp_path / "root")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("unpacked 9 entries") and "9 written" in out.stdout
+
+
+def test_list_table_reads_kernels_autotune_and_files(archive, capsys):
+    assert main(["list", str(archive)]) == 0
+    text = capsys.readouterr().out
+    assert "kernels (5)" in text and "autotune results (1)" in text and "other files (3)" in text
+    assert "scaled_add_kernel" in text and "cuda:90" in text and "BLOCK_SIZE=2048, num_warps=8" in text
+
+
+def test_list_json(archive, capsys):
+    assert main(["list", str(archive), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    kinds = [e["kind"] for e in doc["entries"]]
+    assert sorted(set(kinds)) == ["autotune", "file", "group"]
+    group = next(e for e in doc["entries"] if e["kind"] == "group")
+    assert group["target"] == "cuda:90" and group["num_warps"] in (2, 4, 8) and group["files"]
+
+
+@pytest.mark.parametrize("content, code, message", [
+    (None, 2, "no such archive"),
+    (b"", 3, "not a tpack archive"),
+    (b"PK\x03\x04 definitely a zip file, not ours", 3, "bad magic"),
+])
+def test_bad_archives_give_one_line(tmp_path, content, code, message):
+    path = tmp_path / "x.tpack"
+    if content is not None:
+        path.write_bytes(content)
+    out = run("unpack", path, "--cache-dir", tmp_path / "root")
+    assert out.returncode == code
+    assert out.stderr.strip() == f"error: {path}: {message}" or message in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_truncated_and_flipped_archives(tmp_path, archive, capsys):
+    data = archive.read_bytes()
+    cases = {"truncated": data[: len(data) // 2], "flipped": data[:-80] + bytes([data[-80] ^ 1]) + data[-79:]}
+    for name, content in cases.items():
+        bad = tmp_path / f"{name}.tpack"
+        bad.write_bytes(content)
+        assert main(["unpack", str(bad), "--cache-dir", str(tmp_path / name)]) == 3
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {bad}: ") and err.count("\n") == 1
+        assert not list((tmp_path / name).glob("*/__grp__*.json"))
+
+
+def test_wrong_arguments(tmp_path, capsys):
+    assert main(["unpack"]) == 2
+    assert "Missing argument" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path / "missing")]) == 4
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'missing'}: cache directory does not exist"
+    assert main(["pack", "--level", "99"]) == 2
+    assert main(["frobnicate"]) == 2
+
+
+def test_version():
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"tritonpack {tritonpack.__version__}"

@@ -1,0 +1,88 @@
+"""The real H200 cache (autotuned kernel with cache_results, launcher stubs) survives the round trip."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from conftest import snapshot
+
+import tritonpack
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+from make_golden import GOLDEN, write  # noqa: E402
+
+
+def test_gpu_cache_round_trip(tmp_path, gpu_cache):
+    before = snapshot(gpu_cache)
+    archive = tmp_path / "gpu.tpack"
+    result = tritonpack.pack(gpu_cache, archive)
+    assert snapshot(gpu_cache) == before, "pack must never modify its source"
+    assert result.entries == {"group": 5, "autotune": 1, "file": 3}
+    assert result.foreign_manifests == 5  # made under /tmp/tpfix on the GPU machine
+    assert result.skipped == []
+
+    with tritonpack.open(archive) as reader:
+        tuned = [e for e in reader.entries if e.kind == "autotune"]
+        assert len(tuned) == 1 and tuned[0].autotune.configs == 4
+        assert tuned[0].autotune.best_config["kwargs"] == {"BLOCK_SIZE": 2048}
+        stubs = [e for e in reader.entries if e.kind == "file"]
+        assert {e.stub.ext_suffix for e in stubs} == {".cpython-312-x86_64-linux-gnu.so"}
+        assert {e.stub.tag_from for e in stubs} == {"filename"}
+        kernels = [e for e in reader.entries if e.kind == "group"]
+        assert {e.target for e in kernels} == {"cuda:90"}
+
+    root = tmp_path / "deployed"
+    tritonpack.unpack(archive, root)
+    # Every file is back, byte for byte; only the manifests differ, and they point into the new root.
+    for rel, (_, _, digest) in before.items():
+        path = root / rel
+        if path.name.startswith("__grp__"):
+            children = json.loads(path.read_text())["child_paths"]
+            assert list(children) == list(json.loads((gpu_cache / rel).read_text())["child_paths"])
+            assert all(p == str(path.parent / name) and os.path.exists(p) for name, p in children.items())
+        else:
+            assert snapshot(path.parent)[path.name][2] == digest
+
+
+def test_gpu_cache_resolves_through_tritons_cache_manager(tmp_path, gpu_cache, monkeypatch):
+    import pytest
+
+    pytest.importorskip("triton")
+    from triton.runtime.cache import FileCacheManager
+
+    archive = tmp_path / "gpu.tpack"
+    tritonpack.pack(gpu_cache, archive)
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
+    with tritonpack.open(archive) as reader:
+        for entry in reader.entries:
+            manager = FileCacheManager(entry.key)
+            if entry.kind == "group":
+                group = manager.get_group(f"{entry.name}.json")
+                assert group is not None and sorted(group) == sorted(f.name for f in entry.files)
+            else:
+                assert manager.get_file(entry.name) == str(root / entry.key / entry.name)
+
+
+def test_golden_archive_is_reproduced_byte_for_byte(tmp_path):
+    again = tmp_path / "again.tpack"
+    write(again)
+    assert again.read_bytes() == GOLDEN.read_bytes()
+
+
+def test_golden_archive_reads(tmp_path, gpu_cache):
+    with tritonpack.open(GOLDEN) as reader:
+        assert reader.info.format_version == (1, 0)
+        assert reader.info.triton.version == "3.6.0"
+        assert reader.info.created == 1767225600
+        names = sorted((e.key, e.name) for e in reader.entries)
+        assert len(names) == 9
+    tritonpack.unpack(GOLDEN, tmp_path / "root")
+    src = snapshot(gpu_cache)
+    out = snapshot(tmp_path / "root")
+    assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
+           {k: v[2] for k, v in out.items() if "__grp__" not in k}
