@@ -24,6 +24,18 @@ def snapshot(root) -> dict[str, tuple[int, int, str]]:
     return result
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_fingerprint_cache(tmp_path_factory):
+    """Tests never read or write the user's ~/.cache/tritonpack."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def compiled_root(tmp_path_factory) -> Path:
     """A real Triton cache root compiled once per session; tests copy it, never change it."""

@@ -9,11 +9,16 @@ python=${PYTHON:-python3}
 failed=()
 for v in $versions; do
   env_dir="$venvs/triton-$v"
-  if [ ! -x "$env_dir/bin/python" ] || ! "$env_dir/bin/python" -c "import triton, tritonpack" 2>/dev/null; then
+  if [ ! -x "$env_dir/bin/python" ]; then
     echo "== creating $env_dir (Triton $v)"
     "$python" -m venv "$env_dir"
     "$env_dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-    "$env_dir/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" "triton==$v"
+  fi
+  # cheap when nothing changed; keeps the environment in step with pyproject.toml
+  if ! "$env_dir/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" "triton==$v" \
+      > "$env_dir/pip.log" 2>&1; then
+    cat "$env_dir/pip.log"
+    exit 1
   fi
   echo "== Triton $v"
   if ! "$env_dir/bin/python" -m pytest -q -p no:cacheprovider "$@"; then

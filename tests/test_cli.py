@@ -29,7 +29,7 @@ def test_pack_and_unpack_print_one_summary_line(tmp_path, gpu_cache):
     assert out.stdout.count("\n") == 1
     assert out.stdout.startswith("packed 9 entries (5 kernels, 1 autotune result, 3 files)")
     assert "x) in " in out.stdout
-    out = run("unpack", tmp_path / "k.tpack", "--cache-dir", tmp_path / "root")
+    out = run("unpack", tmp_path / "k.tpack", "--cache-dir", tmp_path / "root", "--force")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("unpacked 9 entries") and "9 written" in out.stdout
 

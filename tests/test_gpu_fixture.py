@@ -35,7 +35,7 @@ def test_gpu_cache_round_trip(tmp_path, gpu_cache):
         assert {e.target for e in kernels} == {"cuda:90"}
 
     root = tmp_path / "deployed"
-    tritonpack.unpack(archive, root)
+    tritonpack.unpack(archive, root, force=True)  # made by Triton 3.6 for Python 3.12: a round trip, not a deploy
     # Every file is back, byte for byte; only the manifests differ, and they point into the new root.
     for rel, (_, _, digest) in before.items():
         path = root / rel
@@ -56,7 +56,7 @@ def test_gpu_cache_resolves_through_tritons_cache_manager(tmp_path, gpu_cache, m
     archive = tmp_path / "gpu.tpack"
     tritonpack.pack(gpu_cache, archive)
     root = tmp_path / "root"
-    tritonpack.unpack(archive, root)
+    tritonpack.unpack(archive, root, force=True)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
     with tritonpack.open(archive) as reader:
         for entry in reader.entries:
@@ -81,7 +81,7 @@ def test_golden_archive_reads(tmp_path, gpu_cache):
         assert reader.info.created == 1767225600
         names = sorted((e.key, e.name) for e in reader.entries)
         assert len(names) == 9
-    tritonpack.unpack(GOLDEN, tmp_path / "root")
+    tritonpack.unpack(GOLDEN, tmp_path / "root", force=True)
     src = snapshot(gpu_cache)
     out = snapshot(tmp_path / "root")
     assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \

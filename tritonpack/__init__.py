@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __version__ = "1.0.0"
 
-from .api import open, pack, unpack
+from .api import check, environment, open, pack, relocate, unpack, verify
 from .archive.reader import ArchiveReader
 from .errors import (
     ArchiveError,
@@ -18,7 +18,8 @@ from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
 from .report import PackResult, UnpackResult
 
 __all__ = [
-    "__version__", "pack", "unpack", "open", "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
+    "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment",
+    "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
     "IntegrityError", "CacheError", "IncompatibleError",
 ]

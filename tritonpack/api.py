@@ -4,17 +4,22 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .archive.format import FORMAT_MAJOR, FORMAT_MINOR
+from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
 from .archive.reader import ArchiveReader
-from .archive.writer import DEFAULT_LEVEL, write_archive
 from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
-from .cacheroot import scan_cache
-from .errors import CacheError, UsageError
-from .model import ArchiveInfo
+from .compat import CheckReport, Environment, check_entries
+from .errors import CacheError, IncompatibleError, UsageError
+from .fingerprint import local_triton
+from .gpus import parse_target, visible_targets
+from .model import ArchiveInfo, Entry
 from .report import PackResult, UnpackResult, kind_counts
-from .triton_env import default_cache_dir, python_info, triton_info
+from .triton_env import default_cache_dir
+
+if TYPE_CHECKING:  # pack, verify and relocate import their modules when called: unpack starts faster
+    from .repair import RelocateReport, VerifyReport
 
 Progress = Callable[[int, int], None]  # (bytes done so far, bytes in all)
 
@@ -54,6 +59,10 @@ def pack(
     progress: Progress | None = None,
 ) -> PackResult:
     """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it."""
+    from .archive.writer import write_archive
+    from .cacheroot import scan_cache
+    from .triton_env import python_info, triton_info
+
     start = time.perf_counter()
     root = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
     if not 1 <= level <= 22:
@@ -85,21 +94,61 @@ def open(path: str | os.PathLike) -> ArchiveReader:
     return ArchiveReader(path)
 
 
+def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = None) -> Environment:
+    """This machine as the preflight sees it: the local Triton's fingerprint and the GPU targets to check.
+
+    ``targets`` (``["cuda:90"]``) replaces GPU detection, for building images on machines without a GPU.
+    """
+    wanted = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in entries
+              if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
+    local = local_triton(wanted)
+    if targets:
+        try:
+            return Environment(local, [parse_target(t) for t in targets], "--target")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    gpus = visible_targets()
+    return Environment(local, gpus, "gpu" if gpus else "none")
+
+
+def check(archive: str | os.PathLike, targets: list[str] | None = None) -> CheckReport:
+    """Say, per entry, whether this environment's Triton will use it, and if not which factor differs."""
+    with ArchiveReader(archive) as reader:
+        return check_entries(reader.entries, reader.info, environment(reader.entries, targets))
+
+
+def _resolve_root(cache_dir) -> str:
+    root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError("cache directory is not a directory", root)
+    return root
+
+
 def unpack(
     archive: str | os.PathLike,
     cache_dir: str | os.PathLike | None = None,
     *,
     overwrite: bool = False,
+    force: bool = False,
+    targets: list[str] | None = None,
     progress: Progress | None = None,
 ) -> UnpackResult:
-    """Materialise an archive under a cache root (Triton's default when ``None``) so that Triton hits."""
+    """Materialise an archive under a cache root (Triton's default when ``None``) so that Triton hits.
+
+    The preflight runs first: only entries this environment will use are written (all with ``force``); when none
+    would be used, ``IncompatibleError`` is raised and the root is left untouched.
+    """
     start = time.perf_counter()
-    root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise UsageError("cache directory is not a directory", root)
+    root = _resolve_root(cache_dir)
     with ArchiveReader(archive) as reader:
+        report = check_entries(reader.entries, reader.info, environment(reader.entries, targets))
+        if reader.entries and not report.usable and not force:
+            reason = report.reasons()[0][0]
+            raise IncompatibleError(f"none of the {len(reader.entries)} entries would be used here ({reason}); "
+                                    "--force writes them anyway", os.fspath(archive))
+        chosen = {id(v.entry) for v in (report.verdicts if force else report.usable)}
         try:
-            placements = [place(root, n, e, overwrite) for n, e in enumerate(reader.entries)]
+            placements = [place(root, n, e, overwrite) for n, e in enumerate(reader.entries) if id(e) in chosen]
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
@@ -108,7 +157,7 @@ def unpack(
         return UnpackResult(
             archive=os.fspath(archive),
             cache_dir=root,
-            entries=len(placements),
+            entries=len(reader.entries),
             written=actions.count(WRITE),
             present=actions.count(PRESENT),
             relinked=actions.count(RELINK),
@@ -119,4 +168,22 @@ def unpack(
             seconds=time.perf_counter() - start,
             kinds=kind_counts(e.kind for e in reader.entries),
             unknown_entries=reader.index.unknown_entries,
+            not_used=[] if force else report.reasons(),
+            not_used_entries=0 if force else len(report.unusable),
+            forced=len(report.unusable) if force else 0,
+            unchecked=report.unchecked,
         )
+
+
+def verify(cache_dir: str | os.PathLike | None = None) -> VerifyReport:
+    """Ask Triton's own cache manager whether every group under the root resolves; flag stale and broken ones."""
+    from .repair import verify as verify_root
+
+    return verify_root(_resolve_root(cache_dir))
+
+
+def relocate(cache_dir: str | os.PathLike | None = None) -> RelocateReport:
+    """Repair in place a cache copied by other means: manifests point into each group's own directory again."""
+    from .repair import relocate as relocate_root
+
+    return relocate_root(_resolve_root(cache_dir))

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -98,8 +97,8 @@ def place(root: str, number: int, entry: Entry, overwrite: bool) -> Placement:
     return Placement(number, entry, RELINK)
 
 
-def _atomic_write(directory: str, name: str, data: bytes) -> None:
-    tmp = os.path.join(directory, f"tmp.tpack.{os.getpid()}.{uuid.uuid4().hex[:12]}")
+def atomic_write(directory: str, name: str, data: bytes) -> None:
+    tmp = os.path.join(directory, f"tmp.tpack.{os.getpid()}.{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -147,12 +146,12 @@ def _materialize(reader, root, placements, on_file) -> Written:
     files = written = 0
     for blob, content in reader.iter_blobs(targets):
         for key_dir, name in targets[blob]:
-            _atomic_write(key_dir, name, content)
+            atomic_write(key_dir, name, content)
             files += 1
             written += len(content)
             if on_file:
                 on_file(len(content))
     for p in placements:
         if p.writes_manifest:
-            _atomic_write(os.path.join(root, p.entry.key), manifest_name(p.entry.name), manifest_bytes(root, p.entry))
+            atomic_write(os.path.join(root, p.entry.key), manifest_name(p.entry.name), manifest_bytes(root, p.entry))
     return Written(files, written)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import typer
 
 from . import __version__, api
+from .archive.format import DEFAULT_LEVEL
 from .errors import (
     ArchiveError,
     CacheError,
@@ -15,7 +16,7 @@ from .errors import (
     TpackError,
     UsageError,
 )
-from .listing import entry_to_dict, info_to_dict, render_table
+from .listing import check_to_dict, entry_to_dict, info_to_dict, render_check, render_table
 
 # The one place where errors become exit codes.
 EXIT_CODES: list[tuple[type[TpackError], int]] = [
@@ -78,7 +79,7 @@ def pack(
         None, help="Cache root to pack. Default: Triton's own (TRITON_CACHE_DIR, $TRITON_HOME/.triton/cache, "
                    "~/.triton/cache)."),
     output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
-    level: int = typer.Option(3, "--level", help="zstd level, 1-22."),
+    level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
@@ -97,16 +98,88 @@ def unpack(
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
+    force: bool = typer.Option(False, "--force", help="Write entries the preflight says will not be used here."),
+    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
+                                     "visible GPUs, e.g. cuda:90 (for image builds without a GPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
     """Unpack an archive under a cache root, with manifests that point into that root, so Triton hits.
 
-    Example: TRITON_CACHE_DIR=/opt/cache tritonpack unpack kernels.tpack
+    Runs the preflight first (see `check`): only entries this environment will use are written.
+
+    Example: TRITON_CACHE_DIR=/opt/cache tritonpack unpack kernels.tpack --target cuda:90
     """
     with _progress(not (quiet or as_json), "unpacking") as progress:
-        result = api.unpack(archive, cache_dir, overwrite=overwrite, progress=progress)
+        result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
+                            progress=progress)
     _emit(result, as_json, quiet)
+
+
+@app.command()
+def check(
+    archive: str = typer.Argument(..., help="The .tpack archive."),
+    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
+                                     "visible GPUs, e.g. cuda:90."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Preflight: will this environment's Triton use the archive's entries, and if not, why. Writes nothing.
+
+    Exit status: 0 all entries usable, 6 some are not, 5 none is.
+
+    Example: tritonpack check kernels.tpack --target cuda:90
+    """
+    report = api.check(archive, targets=target or None)
+    if as_json:
+        typer.echo(json.dumps(check_to_dict(report, archive), indent=2, default=str))
+    else:
+        typer.echo(render_check(report, archive))
+    if report.verdicts and not report.usable:
+        raise typer.Exit(5)
+    if report.unusable:
+        raise typer.Exit(6)
+
+
+@app.command()
+def verify(
+    cache_dir: str | None = typer.Argument(None, help="Cache root. Default: Triton's own."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check that every group under a cache root resolves through Triton's own cache manager.
+
+    Flags manifests that point into another root (copied caches), incomplete groups and unreadable manifests.
+    Exit status 1 if anything is wrong.
+    """
+    report = api.verify(cache_dir)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            _err(line)
+        typer.echo(report.summary())
+    if report.problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+def relocate(
+    cache_dir: str | None = typer.Argument(None, help="Cache root. Default: Triton's own."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Repair in place a cache copied with cp -r, rsync or docker COPY: point every manifest into its own
+    directory, where its files exist. Atomic per manifest, idempotent.
+
+    Example: tritonpack relocate /opt/triton-cache && tritonpack verify /opt/triton-cache
+    """
+    report = api.relocate(cache_dir)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            _err(line)
+        typer.echo(report.summary())
+    if report.not_fixed:
+        raise typer.Exit(1)
 
 
 @app.command("list")

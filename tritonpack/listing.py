@@ -1,6 +1,7 @@
 """Rendering an archive's index for people (a table) and programs (JSON)."""
 from __future__ import annotations
 
+from .compat import CheckReport
 from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
 from .report import human_bytes
 
@@ -80,3 +81,56 @@ def render_table(info: ArchiveInfo, entries: tuple[Entry, ...], archive: str) ->
     if not entries:
         out.append("(empty archive)")
     return "\n".join(out)
+
+
+def _environment_line(report: CheckReport) -> str:
+    env = report.environment
+    triton = (f"Triton {env.triton.version} (build {env.triton.key_sha256[:12]})" if env.triton and
+              env.triton.key_sha256 else f"Triton {env.triton.version}" if env.triton else "no Triton")
+    if env.targets is None:
+        gpus = "no GPU visible"
+    else:
+        names = ", ".join(f"{b}:{a}" for b, a, _ in env.targets)
+        gpus = f"targets {names} ({'--target' if env.targets_from == '--target' else 'visible GPUs'})"
+    return f"here: {triton}, {gpus}, {env.ext_suffix}"
+
+
+def render_check(report: CheckReport, archive: str) -> str:
+    rows = []
+    for v in report.verdicts:
+        e = v.entry
+        what = e.target if e.kind == GROUP else e.kind
+        status = "ok" if v.usable else "; ".join(str(m) for m in v.mismatches)
+        rows.append([e.name, what or "?", e.key[:12], status])
+    out = [f"{archive}", _environment_line(report), ""]
+    if rows:
+        out += _table(["name", "target", "key", "will be used"], rows)
+        out.append("")
+    out += report.lines()
+    out.append(report.summary())
+    return "\n".join(out)
+
+
+def check_to_dict(report: CheckReport, archive: str) -> dict:
+    env = report.environment
+    return {
+        "archive": archive,
+        "usable": len(report.usable),
+        "unusable": len(report.unusable),
+        "unchecked": report.unchecked,
+        "here": {
+            "triton": env.triton.version if env.triton else None,
+            "triton_key_sha256": env.triton.key_sha256 if env.triton else None,
+            "targets": None if env.targets is None else [f"{b}:{a}" for b, a, _ in env.targets],
+            "targets_from": env.targets_from,
+            "ext_suffix": env.ext_suffix,
+            "platform": env.platform,
+        },
+        "reasons": [{"reason": r, "entries": n} for r, n in report.reasons()],
+        "entries": [
+            {"kind": v.entry.kind, "key": v.entry.key, "name": v.entry.name, "target": v.entry.target,
+             "usable": v.usable,
+             "mismatches": [{"factor": m.factor, "archive": m.archive, "here": m.here} for m in v.mismatches]}
+            for v in report.verdicts
+        ],
+    }

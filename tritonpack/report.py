@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from .cacheroot import Skipped
+if TYPE_CHECKING:
+    from .cacheroot import Skipped
 
 
 def human_bytes(n: float) -> str:
@@ -92,6 +94,10 @@ class UnpackResult:
     seconds: float
     kinds: dict[str, int] = field(default_factory=dict)
     unknown_entries: int = 0
+    not_used: list[tuple[str, int]] = field(default_factory=list)  # (reason, entries) left out by the preflight
+    not_used_entries: int = 0
+    forced: int = 0  # entries written although the preflight says they will not be used
+    unchecked: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{self.written} written", f"{self.present} already present"]
@@ -101,8 +107,10 @@ class UnpackResult:
             parts.append(f"{self.replaced} replaced")
         if self.conflicts:
             parts.append(f"{len(self.conflicts)} kept (differ)")
+        if self.not_used_entries:
+            parts.append(f"{self.not_used_entries} not used here (skipped)")
         return (f"unpacked {plural(self.entries, 'entry', 'entries')} ({_counts(self.kinds)}) into {self.cache_dir}: "
-                f"{', '.join(parts)}; {self.files_written} files, {human_bytes(self.bytes_written)} "
+                f"{', '.join(parts)}; {plural(self.files_written, 'file')}, {human_bytes(self.bytes_written)} "
                 f"in {self.seconds:.2f} s")
 
     def notes(self) -> list[str]:
@@ -111,6 +119,11 @@ class UnpackResult:
             shown = ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else "")
             lines.append(f"kept {len(self.conflicts)} existing entr{'y' if len(self.conflicts) == 1 else 'ies'} "
                          f"whose content differs from the archive (--overwrite replaces them): {shown}")
+        lines += [f"skipped {n} entr{'y' if n == 1 else 'ies'} that will not be used here: {reason}"
+                  for reason, n in self.not_used]
+        if self.forced:
+            lines.append(f"--force: wrote {self.forced} entries that the preflight says will not be used here")
+        lines += [f"not checked: {note}" for note in self.unchecked]
         if self.unknown_entries:
             lines.append(f"skipped {self.unknown_entries} entries of a kind this tritonpack does not know "
                          "(archive written by a newer version)")

@@ -16,6 +16,8 @@ TRAILER = struct.Struct("<QQQ32s8s")  # index offset, index length, index size, 
 HEADER_SIZE = HEADER.size  # 16
 TRAILER_SIZE = TRAILER.size  # 64
 
+DEFAULT_LEVEL = 3  # zstd level of data blocks unless asked otherwise
+
 # Reader limits: a hostile archive must not make a reader allocate without bound.
 MAX_INDEX_SIZE = 512 * 1024 * 1024
 MAX_BLOCK_SIZE = 256 * 1024 * 1024

@@ -9,7 +9,6 @@ import hashlib
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import zstandard
 
@@ -105,8 +104,15 @@ class ArchiveReader:
         for blob in sorted(set(wanted)):
             by_block.setdefault(self._index.blobs[blob].block, []).append(blob)
         order = sorted(by_block)
-        workers = threads or os.cpu_count() or 1
-        pending: deque[tuple[int, Future]] = deque()
+        workers = min(threads or os.cpu_count() or 1, len(order))
+        if workers <= 1:  # nothing to overlap: decode inline, no thread pool to start
+            for number in order:
+                yield from self._blobs_of(number, self._read_block(number, self._index.blocks[number]),
+                                          by_block[number])
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        pending: deque = deque()
         with ThreadPoolExecutor(max_workers=workers) as pool:
             queue = iter(order)
             for number in queue:
@@ -119,12 +125,15 @@ class ArchiveReader:
                 nxt = next(queue, None)
                 if nxt is not None:
                     pending.append((nxt, pool.submit(self._read_block, nxt, self._index.blocks[nxt])))
-                for blob in by_block[number]:
-                    ref = self._index.blobs[blob]
-                    content = data[ref.offset:ref.offset + ref.size]
-                    if hashlib.sha256(content).digest() != ref.sha256:
-                        raise IntegrityError(f"sha256 mismatch in blob {blob} (block {number})", self.path)
-                    yield blob, content
+                yield from self._blobs_of(number, data, by_block[number])
+
+    def _blobs_of(self, number: int, data: bytes, blobs: list[int]) -> Iterator[tuple[int, bytes]]:
+        for blob in blobs:
+            ref = self._index.blobs[blob]
+            content = data[ref.offset:ref.offset + ref.size]
+            if hashlib.sha256(content).digest() != ref.sha256:
+                raise IntegrityError(f"sha256 mismatch in blob {blob} (block {number})", self.path)
+            yield blob, content
 
     def close(self) -> None:
         self._file.close()

@@ -19,11 +19,10 @@ import zstandard
 from ..cacheroot import LocalEntry
 from ..errors import CacheError, UsageError
 from ..model import ArchiveInfo, Entry, StoredFile
-from .format import HEADER_SIZE, MAX_BLOCK_SIZE, TRAILER_SIZE, Trailer, pack_header, pack_trailer
+from .format import DEFAULT_LEVEL, HEADER_SIZE, MAX_BLOCK_SIZE, TRAILER_SIZE, Trailer, pack_header, pack_trailer
 from .index import BlobRef, Block, decode_index, encode_index
 
 BLOCK_SIZE = 8 * 1024 * 1024
-DEFAULT_LEVEL = 3
 INDEX_LEVEL = 19
 
 

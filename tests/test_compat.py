@@ -1,0 +1,148 @@
+"""Preflight (check, unpack refusing what will not be used), the fingerprint cache, verify and relocate."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from conftest import FIXTURES, snapshot  # noqa: E402
+from kernels import HAS_LISTENER, SOURCES, compile_all, targets  # noqa: E402
+
+import tritonpack  # noqa: E402
+from tritonpack.cli import main  # noqa: E402
+from tritonpack.fingerprint import local_triton  # noqa: E402
+
+HERE_VERSION = triton.__version__
+VERSION_ARCHIVES = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
+
+
+def archive_version(path: Path) -> str:
+    return path.stem.removeprefix("triton-")
+
+
+@pytest.mark.parametrize("archive", VERSION_ARCHIVES, ids=archive_version)
+def test_archive_of_another_triton_is_refused_and_force_writes_it(tmp_path, archive, capsys):
+    root = tmp_path / "root"
+    theirs = archive_version(archive)
+    code = main(["unpack", str(archive), "--cache-dir", str(root)])
+    out = capsys.readouterr()
+    if theirs == HERE_VERSION:  # same wheel, same triton_key: everything is used
+        assert code == 0 and "6 written" in out.out
+        return
+    assert code == 5
+    assert f"Triton: archive {theirs}, here {HERE_VERSION}" in out.err and out.err.count("\n") == 1
+    assert not root.exists(), "a refused unpack leaves the target root untouched"
+    assert main(["check", str(archive)]) == 5
+    assert f"6 entries: Triton: archive {theirs}, here {HERE_VERSION}" in capsys.readouterr().out
+    assert main(["unpack", str(archive), "--cache-dir", str(root), "--force"]) == 0
+    assert len(list(root.glob("*/__grp__*.json"))) == 6
+
+
+def test_env_var_set_at_pack_time_is_flagged_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    root = tmp_path / "cache"
+    compile_all(root)
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(root, archive)
+    assert main(["check", str(archive)]) == 0  # same environment: usable
+    capsys.readouterr()
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert main(["check", str(archive), "--json"]) == 5
+    doc = json.loads(capsys.readouterr().out)
+    mismatch = doc["entries"][0]["mismatches"][0]
+    assert mismatch["factor"] == "env" and mismatch["archive"].startswith("TRITON_DEFAULT_FP_FUSION=")
+    assert mismatch["here"] == "unset"
+
+
+def test_arch_mismatch_is_explained(tmp_path, compiled_root, capsys):
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    assert main(["check", str(archive), "--target", "cuda:90"]) == 6
+    text = capsys.readouterr().out
+    assert "target: archive cuda:80, here cuda:90 (--target)" in text
+    result = tritonpack.unpack(archive, tmp_path / "root", targets=["cuda:90"])
+    assert result.written == len(SOURCES) and result.not_used_entries == len(SOURCES) * (len(targets()) - 1)
+    assert any("cuda:80" in line for line in result.notes())
+
+
+def test_no_gpu_is_reported_not_refused(tmp_path, compiled_root):
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    report = tritonpack.check(archive)
+    assert not report.unusable
+    assert any("no GPU visible" in note for note in report.unchecked)
+
+
+def test_without_triton_nothing_could_be_checked(tmp_path, compiled_root, monkeypatch):
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    monkeypatch.setattr("tritonpack.api.local_triton", lambda *a, **k: None)
+    result = tritonpack.unpack(archive, tmp_path / "root")
+    assert result.written == result.entries
+    assert any("Triton is not importable" in line for line in result.notes())
+
+
+def test_launcher_stub_of_another_python_is_not_written(tmp_path, gpu_cache):
+    archive = tmp_path / "gpu.tpack"
+    tritonpack.pack(gpu_cache, archive)
+    report = tritonpack.check(archive)
+    stubs = [v for v in report.verdicts if v.entry.kind == "file"]
+    import sysconfig
+
+    if sysconfig.get_config_var("EXT_SUFFIX") != ".cpython-312-x86_64-linux-gnu.so":
+        assert stubs and all(not v.usable and v.mismatches[0].factor == "python" for v in stubs)
+
+
+def test_fingerprint_is_cached_and_keyed_by_environment(monkeypatch):
+    first = local_triton({("cuda", 90, 32)})
+    again = local_triton({("cuda", 90, 32)})
+    assert again.cached and again == type(again)(**{**vars(first), "cached": True})
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    changed = local_triton({("cuda", 90, 32)})
+    assert not changed.cached and changed.env.get("TRITON_DEFAULT_FP_FUSION") in ("0", "false", "False")
+
+
+def test_copied_cache_verify_relocate_and_hits(tmp_path, capsys):
+    a, c, d = tmp_path / "a" / "cache", tmp_path / "c" / "cache", tmp_path / "d" / "cache"
+    compile_all(a)
+    shutil.copytree(a, c)
+    assert main(["verify", str(c)]) == 1  # old root still there: stale, Triton reads a's files
+    assert "stale" in capsys.readouterr().err
+    shutil.copytree(a, d)
+    shutil.rmtree(a)
+    assert main(["verify", str(c)]) == 1
+    assert "broken" in capsys.readouterr().err
+
+    assert main(["relocate", str(c)]) == 0
+    assert f"relocated {len(SOURCES) * len(targets())} manifests" in capsys.readouterr().out
+    assert main(["relocate", str(c)]) == 0  # idempotent
+    assert "relocated 0 manifests" in capsys.readouterr().out
+    assert main(["verify", str(c)]) == 0
+
+    before = snapshot(c)
+    hits = compile_all(c)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert snapshot(c) == before
+    misses = compile_all(d)  # the same copy without relocate
+    if HAS_LISTENER:
+        assert not any(misses)
+    for manifest in c.glob("*/__grp__*.json"):
+        assert all(p.startswith(str(c)) for p in json.loads(manifest.read_text())["child_paths"].values())
+
+
+def test_relocate_reports_what_it_cannot_fix(tmp_path, compiled_root):
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    victim = next(root.glob("*/*.json"))
+    group = next(p for p in root.iterdir() if list(p.glob("__grp__*.json")))
+    next(p for p in group.iterdir() if p.suffix in (".ttir",)).unlink()
+    report = tritonpack.relocate(root)
+    assert report.not_fixed and report.not_fixed[0][0].startswith(group.name)
+    assert victim.exists()
+    verify = tritonpack.verify(root)
+    assert any(g.state == "incomplete" for g in verify.problems)

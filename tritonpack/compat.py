@@ -1,0 +1,186 @@
+"""The preflight: will this environment's Triton use an archive's entries, and if not, which factor differs.
+
+An entry is used only if the local Triton computes the same cache key: same Triton build (``triton_key()``), same
+backend hash (``ptxas --version`` for CUDA) and target, same cache-invalidating environment variables. Launcher
+stubs must match the Python ABI and platform. What cannot be checked here (no Triton, no GPU) is reported, never
+refused.
+"""
+from __future__ import annotations
+
+import re
+import sysconfig
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .fingerprint import LocalTriton
+from .gpus import Target
+from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry
+
+TRITON = "triton"
+BACKEND = "backend"
+TARGET = "target"
+ENV = "env"
+PYTHON = "python"
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One factor that differs, with both values, so the message explains the miss."""
+
+    factor: str
+    archive: str
+    here: str
+
+    def __str__(self) -> str:
+        labels = {TRITON: "Triton", BACKEND: "backend", TARGET: "target", ENV: "env", PYTHON: "launcher stub"}
+        return f"{labels[self.factor]}: archive {self.archive}, here {self.here}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    entry: Entry
+    mismatches: tuple[Mismatch, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return not self.mismatches
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What this machine offers: the local Triton (``None`` if absent), its GPUs or the ``--target`` list."""
+
+    triton: LocalTriton | None
+    targets: list[Target] | None  # None: no GPU visible and no --target
+    targets_from: str  # "gpu", "--target" or "none"
+    ext_suffix: str | None = field(default_factory=lambda: sysconfig.get_config_var("EXT_SUFFIX"))
+    platform: str = field(default_factory=sysconfig.get_platform)
+
+
+@dataclass
+class CheckReport:
+    verdicts: list[Verdict]
+    unchecked: list[str]  # factors that could not be checked here, each said once
+    environment: Environment
+
+    @property
+    def usable(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.usable]
+
+    @property
+    def unusable(self) -> list[Verdict]:
+        return [v for v in self.verdicts if not v.usable]
+
+    def reasons(self) -> list[tuple[str, int]]:
+        """Each distinct mismatch with the number of entries it affects, most common first."""
+        counts = Counter(str(m) for v in self.unusable for m in v.mismatches)
+        return counts.most_common()
+
+    def summary(self) -> str:
+        n, ok = len(self.verdicts), len(self.usable)
+        if ok == n:
+            return f"all {n} entries will be used here"
+        return f"{ok} of {n} entries will be used here; {n - ok} will not"
+
+    def lines(self) -> list[str]:
+        out = [f"{count} entr{'y' if count == 1 else 'ies'}: {reason}" for reason, count in self.reasons()]
+        return out + [f"not checked: {note}" for note in self.unchecked]
+
+
+def _ptxas_release(backend_hash: str) -> str:
+    """The readable part of a CUDA backend hash (``ptxas --version`` output plus arch)."""
+    match = re.search(r"release ([\d.]+), (V[\d.]+)", backend_hash)
+    if match:
+        return f"ptxas {match.group(1)} ({match.group(2)})"
+    return backend_hash if len(backend_hash) <= 60 else backend_hash[:57] + "..."
+
+
+def _version_text(version: str | None, key: str | None) -> str:
+    return f"{version or '?'} (build {key[:12]})" if key else (version or "?")
+
+
+def _check_triton(entry: Entry, info: ArchiveInfo, local: LocalTriton) -> list[Mismatch]:
+    packer = info.triton
+    produced_by = entry.kernel.triton_version if entry.kernel and entry.kernel.triton_version else None
+    if produced_by is None and packer is not None:
+        produced_by = packer.version
+    if produced_by is not None and produced_by != local.version:
+        return [Mismatch(TRITON, produced_by, local.version)]
+    same_packer = packer is not None and packer.version == produced_by
+    if same_packer and packer.key_sha256 and local.key_sha256 and packer.key_sha256 != local.key_sha256:
+        return [Mismatch(TRITON, _version_text(packer.version, packer.key_sha256),
+                         _version_text(local.version, local.key_sha256))]
+    return []
+
+
+def _check_backend(entry: Entry, info: ArchiveInfo, local: LocalTriton) -> list[Mismatch]:
+    k = entry.kernel
+    packer = info.triton
+    if k is None or packer is None or packer.version != (k.triton_version or packer.version):
+        return []
+    theirs = packer.backend_hashes.get(k.target)
+    ours = local.backend_hashes.get(k.target)
+    if theirs is None or ours is None or theirs == ours:
+        return []
+    return [Mismatch(BACKEND, _ptxas_release(theirs), _ptxas_release(ours))]
+
+
+def _check_target(entry: Entry, env: Environment) -> list[Mismatch]:
+    k = entry.kernel
+    if k is None or env.targets is None or k.backend is None:
+        return []
+    for backend, arch, warp in env.targets:
+        if backend == k.backend and str(arch) == str(k.arch) and (k.warp_size in (None, warp)):
+            return []
+    here = ", ".join(f"{b}:{a}" + ("" if w in (32, None) or b != "hip" else f":{w}") for b, a, w in env.targets)
+    suffix = " (--target)" if env.targets_from == "--target" else ""
+    return [Mismatch(TARGET, k.target, here + suffix)]
+
+
+def _check_env(entry: Entry, local: LocalTriton) -> list[Mismatch]:
+    recorded = entry.kernel.env if entry.kernel else {}
+    mismatches = []
+    for name in sorted(set(recorded) | set(local.env)):
+        theirs, ours = recorded.get(name), local.env.get(name)
+        if theirs != ours:
+            mismatches.append(Mismatch(ENV, f"{name}={theirs}" if theirs is not None else f"{name} unset",
+                                       f"{name}={ours}" if ours is not None else "unset"))
+    return mismatches
+
+
+def _check_stub(entry: Entry, env: Environment) -> list[Mismatch]:
+    s = entry.stub
+    if s is None or s.role != "launcher":
+        return []
+    mismatches = []
+    if s.ext_suffix and env.ext_suffix and s.ext_suffix != env.ext_suffix:
+        mismatches.append(Mismatch(PYTHON, s.ext_suffix, env.ext_suffix))
+    elif s.platform and s.platform != env.platform:
+        mismatches.append(Mismatch(PYTHON, s.platform, env.platform))
+    return mismatches
+
+
+def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environment) -> CheckReport:
+    unchecked = []
+    if env.triton is None:
+        unchecked.append("Triton is not importable here: Triton build, backend and env vars were not checked")
+    if env.targets is None and any(e.kind == GROUP for e in entries):
+        unchecked.append("no GPU visible: target arch not checked (use --target to name the GPUs)")
+    if any(e.kind == AUTOTUNE for e in entries):
+        unchecked.append("autotune results record no target or env vars: only their Triton build was checked")
+    verdicts = []
+    for entry in entries:
+        found: list[Mismatch] = []
+        if entry.kind == FILE:
+            found += _check_stub(entry, env)
+        else:
+            if env.triton is not None:
+                found += _check_triton(entry, info, env.triton)
+                if entry.kind == GROUP and not found:
+                    found += _check_backend(entry, info, env.triton)
+                if entry.kind == GROUP:
+                    found += _check_env(entry, env.triton)
+            if entry.kind == GROUP:
+                found += _check_target(entry, env)
+        verdicts.append(Verdict(entry, tuple(found)))
+    return CheckReport(verdicts, unchecked, env)

@@ -1,0 +1,137 @@
+"""The local Triton's identity (version, ``triton_key()`` digest, backend hashes, cache-invalidating env vars),
+cached on disk so that a repeat check costs milliseconds instead of importing Triton and hashing libtriton.
+
+The cache is keyed by the identity of the installed files that ``triton_key()`` hashes (path, size, mtime of
+each) and by the environment variables that can change the answer, so a reinstall or a changed variable is never
+served a stale fingerprint.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+# Names of variables that may invalidate Triton's cache or change a backend hash: all those that Triton's
+# get_cache_invalidating_env_vars() knows begin with one of these.
+_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ALLOW_", "USE_")
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
+FINGERPRINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LocalTriton:
+    version: str
+    key_sha256: str | None
+    backend_hashes: dict[str, str] = field(default_factory=dict)  # "cuda:90" -> backend.hash()
+    env: dict[str, str] = field(default_factory=dict)  # invalidating variables set now, as Triton records them
+    cached: bool = False  # served from the fingerprint cache
+
+
+def _cache_home() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tritonpack")
+
+
+def _package_dir() -> str | None:
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return os.path.dirname(spec.origin)
+
+
+def _installed_identity(package: str) -> str:
+    """Digest of path, size and mtime of every file ``triton_key()`` reads (and a little more)."""
+    digest = hashlib.sha256(f"{FINGERPRINT_VERSION}\0{sys.executable}\0{package}".encode())
+    for sub in ("compiler", "backends", "language", "runtime", "_C"):
+        top = os.path.join(package, sub)
+        for dirpath, dirnames, names in os.walk(top):
+            dirnames.sort()
+            for name in sorted(names):
+                if name.endswith(".pyc"):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                digest.update(f"{os.path.relpath(dirpath, package)}/{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+def _env_digest(environ: Mapping[str, str]) -> str:
+    items = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES))
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def _read_version(package: str) -> str | None:
+    try:
+        with open(os.path.join(package, "__init__.py"), encoding="utf-8") as f:
+            match = _VERSION_RE.search(f.read())
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def _compute(targets: Iterable[tuple[str, str | int, int]], known: dict[str, str]) -> tuple[str | None, dict, dict]:
+    """The slow path: import Triton, hash it, ask it for backend hashes and the invalidating variables."""
+    from .triton_env import triton_info
+
+    info = triton_info([t for t in targets if f"{t[0]}:{t[1]}" not in known])
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        env = dict(get_cache_invalidating_env_vars())
+    except Exception:  # very old or unusual builds
+        env = {}
+    return (info.key_sha256 if info else None), {**known, **(info.backend_hashes if info else {})}, env
+
+
+def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: bool = True) -> LocalTriton | None:
+    """The local Triton's fingerprint, or ``None`` when Triton is not installed."""
+    package = _package_dir()
+    if package is None:
+        return None
+    version = _read_version(package)
+    if version is None:
+        return None
+    targets = set(targets)
+    wanted = {f"{b}:{a}" for b, a, _ in targets}
+    path = os.path.join(_cache_home(), f"fingerprint-{_installed_identity(package)[:24]}-"
+                                       f"{_env_digest(os.environ)[:16]}.json")
+    cached: dict = {}
+    if use_cache:
+        with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
+            cached = json.load(f)
+    if cached.get("version") == version and wanted <= set(cached.get("backend_hashes", {})):
+        return LocalTriton(version, cached.get("key_sha256"), cached["backend_hashes"], cached.get("env", {}),
+                           cached=True)
+    known = cached.get("backend_hashes", {}) if cached.get("version") == version else {}
+    key_sha256, hashes, env = _compute(targets, known)
+    result = LocalTriton(version, key_sha256 or cached.get("key_sha256"), hashes, env)
+    if use_cache:
+        _store(path, {"version": version, "key_sha256": result.key_sha256, "backend_hashes": hashes, "env": env})
+    return result
+
+
+def _store(path: str, doc: dict) -> None:
+    """Best effort: a read-only home only costs speed."""
+    import tempfile
+
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".fingerprint-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, sort_keys=True)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)

@@ -1,0 +1,77 @@
+"""Which GPU targets this machine has, without initialising CUDA or importing Triton when possible.
+
+``None`` means no GPU is visible (an image build on a CPU machine): the arch is then not checked, and said so.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+Target = tuple[str, "str | int", int]  # (backend, arch, warp_size), as Triton's GPUTarget
+
+
+def _nvidia() -> list[Target]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return []
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    import subprocess
+
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    targets = []
+    for line in out.splitlines():
+        major, _, minor = line.strip().partition(".")
+        if major.isdigit() and minor.isdigit():
+            targets.append(("cuda", int(major) * 10 + int(minor), 32))
+    return targets
+
+
+def _amd() -> list[Target]:
+    targets = []
+    for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties"):
+        try:
+            with open(props, encoding="ascii") as f:
+                fields = dict(line.split(None, 1) for line in f if " " in line.strip())
+        except (OSError, ValueError):
+            continue
+        version = int(fields.get("gfx_target_version", "0").strip() or 0)
+        if version == 0:  # a CPU node
+            continue
+        major, minor, step = version // 10000, (version // 100) % 100, version % 100
+        arch = f"gfx{major}{minor:x}{step:x}"
+        targets.append(("hip", arch, 64 if major == 9 else 32))
+    return targets
+
+
+def visible_targets() -> list[Target] | None:
+    """Distinct targets of the visible GPUs, or ``None`` when none is visible."""
+    found = sorted(set(_nvidia() + _amd()), key=str)
+    return found or None
+
+
+def parse_target(text: str) -> Target:
+    """``cuda:90``, ``hip:gfx942`` (warp size from the arch family) or ``hip:gfx1100:32``."""
+    parts = text.strip().split(":")
+    if len(parts) not in (2, 3) or parts[0] not in ("cuda", "hip") or not parts[1]:
+        raise ValueError(f"target must look like cuda:90 or hip:gfx942, not {text!r}")
+    backend, arch = parts[0], parts[1]
+    if backend == "cuda":
+        if not arch.isdigit():
+            raise ValueError(f"a CUDA arch is a number like 90, not {arch!r}")
+        arch_value: str | int = int(arch)
+        warp = 32
+    else:
+        arch_value = arch
+        warp = 64 if arch.startswith("gfx9") else 32
+    if len(parts) == 3:
+        if not parts[2].isdigit():
+            raise ValueError(f"warp size must be a number, not {parts[2]!r}")
+        warp = int(parts[2])
+    return (backend, arch_value, warp)

@@ -1,0 +1,155 @@
+"""Checking and repairing a cache root in place: ``verify`` asks Triton's own cache manager whether each group
+resolves; ``relocate`` rewrites manifests that point into another root (a cache copied with cp -r, rsync or
+docker COPY) so that they point into the group's own directory."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict, dataclass, field
+
+from .cachedest import atomic_write, manifest_bytes
+from .cacheroot import LocalEntry, scan_cache
+from .errors import CacheError
+from .model import GROUP, manifest_name
+
+OK = "ok"
+STALE = "stale"  # resolves, but through another root's files
+BROKEN = "broken"  # does not resolve: Triton recompiles
+INCOMPLETE = "incomplete"
+UNREADABLE = "unreadable"
+
+
+@dataclass(frozen=True)
+class GroupState:
+    path: str  # key/manifest, relative to the root
+    state: str
+    detail: str = ""
+
+
+@dataclass
+class VerifyReport:
+    cache_dir: str
+    groups: list[GroupState] = field(default_factory=list)
+    resolved_by: str = "triton"  # or "emulated" when Triton is not importable
+    other_skipped: int = 0
+
+    @property
+    def problems(self) -> list[GroupState]:
+        return [g for g in self.groups if g.state != OK]
+
+    def summary(self) -> str:
+        ok = len(self.groups) - len(self.problems)
+        how = "Triton's cache manager" if self.resolved_by == "triton" else "the rule of Triton 3.8+ (no Triton here)"
+        verdict = "all resolve" if not self.problems else f"{len(self.problems)} need attention"
+        return f"verified {len(self.groups)} groups under {self.cache_dir} with {how}: {ok} ok, {verdict}"
+
+    def lines(self) -> list[str]:
+        return [f"{g.state}: {g.path}: {g.detail}" for g in self.problems]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": not self.problems}
+
+
+@dataclass
+class RelocateReport:
+    cache_dir: str
+    fixed: list[str] = field(default_factory=list)
+    already_ok: int = 0
+    not_fixed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+
+    def summary(self) -> str:
+        return (f"relocated {len(self.fixed)} manifests under {self.cache_dir}; {self.already_ok} already pointed "
+                f"into their own directory; {len(self.not_fixed)} could not be fixed")
+
+    def lines(self) -> list[str]:
+        return [f"not fixed: {path}: {reason}" for path, reason in self.not_fixed]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_GROUP_SKIPS = {"incomplete group": INCOMPLETE, "unreadable manifest": UNREADABLE,
+                "unreadable kernel metadata": INCOMPLETE, "manifest names": UNREADABLE}
+
+
+def _group_problem(reason: str) -> str | None:
+    return next((state for prefix, state in _GROUP_SKIPS.items() if reason.startswith(prefix)), None)
+
+
+@contextlib.contextmanager
+def _triton_cache_dir(root: str):
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = root
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old
+
+
+def _resolver():
+    """Triton's own ``get_group`` if Triton is importable, else the strict rule of Triton 3.8+."""
+    try:
+        from triton.runtime.cache import FileCacheManager
+    except Exception:
+        FileCacheManager = None
+
+    def resolves(root: str, entry: LocalEntry) -> bool:
+        if FileCacheManager is not None:
+            with _triton_cache_dir(root):
+                group = FileCacheManager(entry.key).get_group(f"{entry.name}.json")
+            return group is not None and f"{entry.name}.json" in group
+        import json
+
+        with open(os.path.join(root, entry.key, manifest_name(entry.name)), "rb") as f:
+            children = json.load(f)["child_paths"]
+        return all(os.path.exists(p) for p in children.values())
+
+    return resolves, ("triton" if FileCacheManager is not None else "emulated")
+
+
+def verify(cache_dir: str) -> VerifyReport:
+    root = os.path.abspath(cache_dir)
+    scan = scan_cache(root)
+    resolves, how = _resolver()
+    report = VerifyReport(root, resolved_by=how)
+    for entry in (e for e in scan.entries if e.kind == GROUP):
+        path = f"{entry.key}/{manifest_name(entry.name)}"
+        ok = resolves(root, entry)
+        if entry.foreign_manifest:
+            state = STALE if ok else BROKEN
+            detail = ("points into another root; Triton reads that root's files" if ok else
+                      "points into another root that is gone; Triton recompiles (tritonpack relocate fixes it)")
+            report.groups.append(GroupState(path, state, detail))
+        elif not ok:
+            report.groups.append(GroupState(path, BROKEN, "does not resolve through Triton's cache manager"))
+        else:
+            report.groups.append(GroupState(path, OK))
+    for skipped in scan.skipped:
+        state = _group_problem(skipped.reason)
+        if state is None:
+            report.other_skipped += 1
+        else:
+            report.groups.append(GroupState(skipped.path, state, skipped.reason))
+    return report
+
+
+def relocate(cache_dir: str) -> RelocateReport:
+    root = os.path.abspath(cache_dir)
+    scan = scan_cache(root)
+    report = RelocateReport(root)
+    for entry in (e for e in scan.entries if e.kind == GROUP):
+        if not entry.foreign_manifest:
+            report.already_ok += 1
+            continue
+        try:
+            atomic_write(os.path.join(root, entry.key), manifest_name(entry.name), manifest_bytes(root, entry))
+        except OSError as e:
+            raise CacheError(f"cannot rewrite manifest: {e.strerror}", os.path.join(root, entry.key)) from e
+        report.fixed.append(f"{entry.key}/{manifest_name(entry.name)}")
+    for skipped in scan.skipped:
+        if _group_problem(skipped.reason):
+            report.not_fixed.append((skipped.path, skipped.reason))
+    return report
