@@ -144,6 +144,7 @@ def check(
 def verify(
     cache_dir: str | None = typer.Argument(None, help="Cache root. Default: Triton's own."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
     """Check that every group under a cache root resolves through Triton's own cache manager.
 
@@ -151,12 +152,7 @@ def verify(
     Exit status 1 if anything is wrong.
     """
     report = api.verify(cache_dir)
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        for line in report.lines():
-            _err(line)
-        typer.echo(report.summary())
+    _emit(report, as_json, quiet)
     if report.problems:
         raise typer.Exit(1)
 
@@ -165,6 +161,7 @@ def verify(
 def relocate(
     cache_dir: str | None = typer.Argument(None, help="Cache root. Default: Triton's own."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
     """Repair in place a cache copied with cp -r, rsync or docker COPY: point every manifest into its own
     directory, where its files exist. Atomic per manifest, idempotent.
@@ -172,12 +169,7 @@ def relocate(
     Example: tritonpack relocate /opt/triton-cache && tritonpack verify /opt/triton-cache
     """
     report = api.relocate(cache_dir)
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        for line in report.lines():
-            _err(line)
-        typer.echo(report.summary())
+    _emit(report, as_json, quiet)
     if report.not_fixed:
         raise typer.Exit(1)
 

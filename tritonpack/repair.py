@@ -43,7 +43,7 @@ class VerifyReport:
         verdict = "all resolve" if not self.problems else f"{len(self.problems)} need attention"
         return f"verified {len(self.groups)} groups under {self.cache_dir} with {how}: {ok} ok, {verdict}"
 
-    def lines(self) -> list[str]:
+    def notes(self) -> list[str]:
         return [f"{g.state}: {g.path}: {g.detail}" for g in self.problems]
 
     def to_dict(self) -> dict:
@@ -61,7 +61,7 @@ class RelocateReport:
         return (f"relocated {len(self.fixed)} manifests under {self.cache_dir}; {self.already_ok} already pointed "
                 f"into their own directory; {len(self.not_fixed)} could not be fixed")
 
-    def lines(self) -> list[str]:
+    def notes(self) -> list[str]:
         return [f"not fixed: {path}: {reason}" for path, reason in self.not_fixed]
 
     def to_dict(self) -> dict:
