@@ -28,9 +28,18 @@ _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 @dataclass(frozen=True)
 class LocalFile:
+    """A file of an entry found on disk; ``read`` is what the archive writer calls."""
+
     name: str
     path: str
     size: int
+
+    def read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise CacheError(f"cannot read: {e.strerror}", self.path) from e
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ from collections.abc import Iterable, Iterator
 
 import zstandard
 
-from ..errors import ArchiveError, IntegrityError, UsageError
+from ..errors import ArchiveError, IntegrityError
 from ..model import ArchiveInfo, Entry
 from .format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
 from .index import CODEC_ZSTD, Block, Index, decode_index
+from .source import ByteSource, LocalFile
 
 
 def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
@@ -37,32 +38,24 @@ def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
 class ArchiveReader:
     """An open ``.tpack`` archive. Use as a context manager, or call ``close()``."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        try:
-            self._file = open(self.path, "rb")  # noqa: SIM115 - held for the reader's lifetime
-        except FileNotFoundError:
-            raise UsageError("no such archive", self.path) from None
-        except IsADirectoryError:
-            raise UsageError("is a directory, not an archive", self.path) from None
-        except OSError as e:
-            raise UsageError(f"cannot open: {e.strerror}", self.path) from None
+    def __init__(self, source: str | os.PathLike | ByteSource):
+        """``source``: a path, or any ``ByteSource`` (size and positional reads)."""
+        self._source = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
+        self.path = self._source.name
         try:
             self._index = self._read_index()
         except BaseException:
-            self._file.close()
+            self._source.close()
             raise
 
     def _read_index(self) -> Index:
-        f = self._file
-        size = os.fstat(f.fileno()).st_size
-        version = parse_header(f.read(HEADER_SIZE), self.path)
+        source = self._source
+        size = source.size()
+        version = parse_header(source.read_at(0, HEADER_SIZE), self.path)
         if size < HEADER_SIZE + TRAILER_SIZE:
             raise ArchiveError("truncated archive (no trailer)", self.path)
-        f.seek(size - TRAILER_SIZE)
-        trailer = parse_trailer(f.read(TRAILER_SIZE), size, self.path)
-        f.seek(trailer.index_offset)
-        compressed = f.read(trailer.index_length)
+        trailer = parse_trailer(source.read_at(size - TRAILER_SIZE, TRAILER_SIZE), size, self.path)
+        compressed = source.read_at(trailer.index_offset, trailer.index_length)
         if hashlib.sha256(compressed).digest() != trailer.index_sha256:
             raise IntegrityError("index digest mismatch (archive corrupt or truncated)", self.path)
         raw = _decompress(compressed, trailer.index_size, "index", self.path)
@@ -93,7 +86,7 @@ class ArchiveReader:
     def _read_block(self, number: int, block: Block) -> bytes:
         if block.codec != CODEC_ZSTD:
             raise ArchiveError(f"block {number} uses unknown codec {block.codec!r}", self.path)
-        data = os.pread(self._file.fileno(), block.length, block.offset)
+        data = self._source.read_at(block.offset, block.length)
         if len(data) != block.length:
             raise ArchiveError(f"truncated archive (block {number})", self.path)
         return _decompress(data, block.size, f"block {number}", self.path)
@@ -136,7 +129,7 @@ class ArchiveReader:
             yield blob, content
 
     def close(self) -> None:
-        self._file.close()
+        self._source.close()
 
     def __enter__(self) -> ArchiveReader:
         return self

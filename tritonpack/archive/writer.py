@@ -13,17 +13,35 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import zstandard
 
-from ..cacheroot import LocalEntry
 from ..errors import CacheError, UsageError
-from ..model import ArchiveInfo, Entry, StoredFile
+from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
 from .format import DEFAULT_LEVEL, HEADER_SIZE, MAX_BLOCK_SIZE, TRAILER_SIZE, Trailer, pack_header, pack_trailer
 from .index import BlobRef, Block, decode_index, encode_index
 
 BLOCK_SIZE = 8 * 1024 * 1024
 INDEX_LEVEL = 19
+
+
+class SourceFile(Protocol):
+    """A file to archive: a file of a cache root, or a stored file of another archive (merge)."""
+
+    name: str
+
+    def read(self) -> bytes: ...
+
+
+class SourceEntry(Protocol):
+    kind: str
+    key: str
+    name: str
+    files: Sequence[SourceFile]
+    kernel: KernelInfo | None
+    autotune: AutotuneInfo | None
+    stub: StubInfo | None
 
 
 @dataclass(frozen=True)
@@ -35,7 +53,7 @@ class WriteResult:
     bytes_out: int
 
 
-def _layout_key(entry: LocalEntry, name: str) -> tuple:
+def _layout_key(entry: SourceEntry, name: str) -> tuple:
     """Order that puts alike bytes together: by extension, then target, then name."""
     ext = name.rsplit(".", 1)[-1] if "." in name else ""
     if name.endswith(".autotune.json"):
@@ -50,7 +68,7 @@ def _compress(data: bytes, level: int) -> bytes:
 
 def write_archive(
     path: str,
-    entries: Sequence[LocalEntry],
+    entries: Sequence[SourceEntry],
     info: ArchiveInfo,
     level: int = DEFAULT_LEVEL,
     block_size: int = BLOCK_SIZE,
@@ -117,17 +135,14 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
                 drain(threads * 2)
 
         for _, i, j in refs:
-            local = entries[i].files[j]
-            try:
-                with open(local.path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise CacheError(f"cannot read: {e.strerror}", local.path) from e
+            source = entries[i].files[j]
+            data = source.read()
             if len(data) > MAX_BLOCK_SIZE:
-                raise UsageError(f"file larger than {MAX_BLOCK_SIZE} bytes cannot be archived", local.path)
+                where = getattr(source, "path", f"{entries[i].key}/{source.name}")
+                raise UsageError(f"file larger than {MAX_BLOCK_SIZE} bytes cannot be archived", where)
             bytes_in += len(data)
             digest = hashlib.sha256(data).digest()
-            stored[(i, j)] = StoredFile(local.name, len(data), digest)
+            stored[(i, j)] = StoredFile(source.name, len(data), digest)
             blob = by_digest.get(digest)
             if blob is None:
                 if buffer and buffered + len(data) > block_size:

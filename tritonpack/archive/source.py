@@ -1,0 +1,50 @@
+"""Where archive bytes come from. The reader needs only a size and positional reads, so that a local file, and
+later a remote object read by HTTP range requests, are the same to it."""
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from ..errors import ArchiveError, UsageError
+
+
+class ByteSource(Protocol):
+    name: str
+
+    def size(self) -> int: ...
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset``, or fewer at the end; safe to call from several threads."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalFile:
+    """A local archive file, read with ``pread`` (no shared file position, so threads may read at once)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.name = os.fspath(path)
+        try:
+            self._fd = os.open(self.name, os.O_RDONLY)
+        except FileNotFoundError:
+            raise UsageError("no such archive", self.name) from None
+        except OSError as e:
+            raise UsageError(f"cannot open: {e.strerror}", self.name) from None
+        if not os.path.isfile(self.name):
+            os.close(self._fd)
+            raise UsageError("not a regular file, not an archive", self.name)
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        try:
+            return os.pread(self._fd, length, offset)
+        except OSError as e:
+            raise ArchiveError(f"cannot read: {e.strerror}", self.name) from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
