@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from . import __version__
@@ -16,6 +17,7 @@ from .fingerprint import local_triton
 from .gpus import parse_target, visible_targets
 from .model import ArchiveInfo, Entry
 from .report import PackResult, UnpackResult, kind_counts
+from .selection import EVERYTHING, Selection
 from .triton_env import default_cache_dir
 
 if TYPE_CHECKING:  # pack, verify and relocate import their modules when called: unpack starts faster
@@ -56,9 +58,13 @@ def pack(
     output: str | os.PathLike = "kernels.tpack",
     *,
     level: int = DEFAULT_LEVEL,
+    selection: Selection = EVERYTHING,
     progress: Progress | None = None,
 ) -> PackResult:
-    """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it."""
+    """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it.
+
+    ``selection`` packs part of the cache: some targets, some kernels, or binary-only groups.
+    """
     from .archive.writer import write_archive
     from .cacheroot import scan_cache
     from .triton_env import python_info, triton_info
@@ -68,6 +74,9 @@ def pack(
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
     scan = scan_cache(root)
+    if not selection.everything:
+        scan.entries = [replace(e, files=tuple(e.files[i] for i in selection.file_indices(e)))
+                        for e in scan.entries if selection.wants(e)]
     targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
                if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
     info = ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=_created(),
@@ -131,24 +140,34 @@ def unpack(
     overwrite: bool = False,
     force: bool = False,
     targets: list[str] | None = None,
+    selection: Selection = EVERYTHING,
     progress: Progress | None = None,
 ) -> UnpackResult:
     """Materialise an archive under a cache root (Triton's default when ``None``) so that Triton hits.
 
     The preflight runs first: only entries this environment will use are written (all with ``force``); when none
-    would be used, ``IncompatibleError`` is raised and the root is left untouched.
+    would be used, ``IncompatibleError`` is raised and the root is left untouched. ``selection`` takes part of
+    the archive (targets, kernels, binary-only); only the blocks holding what it takes are decoded.
     """
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
     with ArchiveReader(archive) as reader:
-        report = check_entries(reader.entries, reader.info, environment(reader.entries, targets))
-        if reader.entries and not report.usable and not force:
+        selected = [(n, e) for n, e in enumerate(reader.entries) if selection.wants(e)]
+        entries = tuple(e for _, e in selected)
+        report = check_entries(entries, reader.info, environment(entries, targets))
+        if entries and not report.usable and not force:
             reason = report.reasons()[0][0]
-            raise IncompatibleError(f"none of the {len(reader.entries)} entries would be used here ({reason}); "
+            raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
                                     "--force writes them anyway", os.fspath(archive))
         chosen = {id(v.entry) for v in (report.verdicts if force else report.usable)}
         try:
-            placements = [place(root, n, e, overwrite) for n, e in enumerate(reader.entries) if id(e) in chosen]
+            placements = []
+            for n, e in selected:
+                if id(e) not in chosen:
+                    continue
+                keep = selection.file_indices(e)
+                view = replace(e, files=tuple(e.files[i] for i in keep))
+                placements.append(place(root, view, tuple(reader.blob_of(n, i) for i in keep), overwrite))
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
@@ -157,7 +176,7 @@ def unpack(
         return UnpackResult(
             archive=os.fspath(archive),
             cache_dir=root,
-            entries=len(reader.entries),
+            entries=len(entries),
             written=actions.count(WRITE),
             present=actions.count(PRESENT),
             relinked=actions.count(RELINK),
@@ -166,7 +185,7 @@ def unpack(
             files_written=written.files,
             bytes_written=written.bytes,
             seconds=time.perf_counter() - start,
-            kinds=kind_counts(e.kind for e in reader.entries),
+            kinds=kind_counts(e.kind for e in entries),
             unknown_entries=reader.index.unknown_entries,
             not_used=[] if force else report.reasons(),
             not_used_entries=0 if force else len(report.unusable),

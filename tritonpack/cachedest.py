@@ -29,8 +29,8 @@ REPLACE = "replace"  # different content present and overwrite asked: replaced
 class Placement:
     """What unpacking will do with one entry, and which of its files must be written."""
 
-    number: int  # the entry's position in the archive
-    entry: Entry
+    entry: Entry  # as selected: a binary-only unpack holds fewer files than the archive's entry
+    blobs: tuple[int, ...]  # the archive's blob for each of entry.files
     action: str
     files: tuple[int, ...] = ()  # indices into entry.files to write
 
@@ -72,7 +72,7 @@ def _read_manifest(path: str):
         return {}
 
 
-def place(root: str, number: int, entry: Entry, overwrite: bool) -> Placement:
+def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> Placement:
     """Compare one entry with what the root holds and decide what to do."""
     key_dir = os.path.join(root, entry.key)
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
@@ -80,21 +80,21 @@ def place(root: str, number: int, entry: Entry, overwrite: bool) -> Placement:
     todo = tuple(i for i, s in enumerate(states) if s is not True)
     if entry.kind != GROUP:
         if not todo:
-            return Placement(number, entry, PRESENT)
+            return Placement(entry, blobs, PRESENT)
         if differs:
-            return Placement(number, entry, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
-        return Placement(number, entry, WRITE, todo)
+            return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
+        return Placement(entry, blobs, WRITE, todo)
     manifest = _read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
-        return Placement(number, entry, WRITE, todo)
+        return Placement(entry, blobs, WRITE, todo)
     if differs:
-        return Placement(number, entry, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
+        return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
     if todo:  # a manifest whose files are missing is a broken group: repair it
-        return Placement(number, entry, WRITE, todo)
+        return Placement(entry, blobs, WRITE, todo)
     expected = json.loads(manifest_bytes(root, entry))
     if manifest == expected:
-        return Placement(number, entry, PRESENT)
-    return Placement(number, entry, RELINK)
+        return Placement(entry, blobs, PRESENT)
+    return Placement(entry, blobs, RELINK)
 
 
 def atomic_write(directory: str, name: str, data: bytes) -> None:
@@ -142,7 +142,7 @@ def _materialize(reader, root, placements, on_file) -> Written:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
         for i in p.files:
-            targets.setdefault(reader.blob_of(p.number, i), []).append((key_dir, p.entry.files[i].name))
+            targets.setdefault(p.blobs[i], []).append((key_dir, p.entry.files[i].name))
     files = written = 0
     for blob, content in reader.iter_blobs(targets):
         for key_dir, name in targets[blob]:

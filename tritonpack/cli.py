@@ -17,6 +17,7 @@ from .errors import (
     UsageError,
 )
 from .listing import check_to_dict, entry_to_dict, info_to_dict, render_check, render_table
+from .selection import Selection
 
 # The one place where errors become exit codes.
 EXIT_CODES: list[tuple[type[TpackError], int]] = [
@@ -63,6 +64,15 @@ def _progress(enabled: bool, label: str):
         yield update
 
 
+ARCH_HELP = "Only kernels for this target (cuda:90, hip:gfx942, or just 90 / gfx942); repeatable."
+KERNEL_HELP = "Only kernels whose name matches this shell glob (e.g. 'triton_poi_*'); repeatable."
+BINARY_HELP = "Groups with only their metadata json and binary (cubin/hsaco), as TRITON_STORE_BINARY_ONLY keeps."
+
+
+def _selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
+    return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only)
+
+
 def _emit(result, as_json: bool, quiet: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2, default=str))
@@ -80,15 +90,19 @@ def pack(
                    "~/.triton/cache)."),
     output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
     level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
+    arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),
+    kernel: list[str] | None = typer.Option(None, "--kernel", help=KERNEL_HELP),
+    binary_only: bool = typer.Option(False, "--binary-only", help=BINARY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
     """Pack a Triton cache into one portable archive. The cache is never modified.
 
-    Example: tritonpack pack ~/.triton/cache -o kernels.tpack
+    Example: tritonpack pack ~/.triton/cache -o kernels.tpack --arch cuda:90
     """
     with _progress(not (quiet or as_json), "packing") as progress:
-        result = api.pack(cache_dir, output, level=level, progress=progress)
+        result = api.pack(cache_dir, output, level=level, selection=_selection(arch, kernel, binary_only),
+                          progress=progress)
     _emit(result, as_json, quiet)
 
 
@@ -101,6 +115,9 @@ def unpack(
     force: bool = typer.Option(False, "--force", help="Write entries the preflight says will not be used here."),
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
                                      "visible GPUs, e.g. cuda:90 (for image builds without a GPU)."),
+    arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),
+    kernel: list[str] | None = typer.Option(None, "--kernel", help=KERNEL_HELP),
+    binary_only: bool = typer.Option(False, "--binary-only", help=BINARY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
@@ -112,7 +129,7 @@ def unpack(
     """
     with _progress(not (quiet or as_json), "unpacking") as progress:
         result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
-                            progress=progress)
+                            selection=_selection(arch, kernel, binary_only), progress=progress)
     _emit(result, as_json, quiet)
 
 

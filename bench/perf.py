@@ -1,0 +1,128 @@
+"""tritonpack against tar/zstd/cp on one cache, side by side in one run: size, time, peak memory, partial unpack.
+
+Every command runs as its own process, several rounds interleaved (machine noise hits all alike); medians are
+reported, with ratios to the baselines the performance goals name. Peak RSS is the child's max RSS (wait4).
+Usage: python bench/perf.py CACHE_DIR [--rounds 3] [--out bench/results/perf.json]
+  (make a cache with: python bench/make_large_cache.py /tmp/large --kernels 1200)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd: str | list[str], shell: bool = False) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one process (for a shell pipeline: of its largest member)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, shell=shell, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {cmd}\n{proc.stderr.read().decode()}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def dir_stats(path: str) -> tuple[int, int]:
+    files = size = 0
+    for d, _, names in os.walk(path):
+        for n in names:
+            files += 1
+            size += os.path.getsize(os.path.join(d, n))
+    return files, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cache")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "perf.json"))
+    args = parser.parse_args()
+    cache = os.path.abspath(args.cache)
+    work = tempfile.mkdtemp(prefix="tp-perf-")
+    tp = [sys.executable, "-m", "tritonpack"]
+    paths = {name: os.path.join(work, name) for name in ("zst19", "zst3", "tpack", "out")}
+    paths["zst19"] += ".tar.zst"
+    paths["zst3"] += ".tar.zst"
+    paths["tpack"] += ".tpack"
+    out = paths["out"]
+
+    def fresh_out():
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+
+    cases = {
+        "tar | zstd -19 -T0": (f"tar -C {cache} -cf - . | zstd -q -19 -T0 -f -o {paths['zst19']}", None),
+        "tar | zstd -3 -T0": (f"tar -C {cache} -cf - . | zstd -q -3 -T0 -f -o {paths['zst3']}", None),
+        "tritonpack pack": (tp + ["pack", cache, "-o", paths["tpack"], "-q"], None),
+        "tar -x (.tar.zst -19)": (f"zstd -q -d -c {paths['zst19']} | tar -C {out} -xf -", fresh_out),
+        "cp -r": (["cp", "-r", cache, os.path.join(out, "copy")], fresh_out),
+        "tritonpack unpack": (tp + ["unpack", paths["tpack"], "--cache-dir", out, "-q", "--force"], fresh_out),
+        "tritonpack unpack --arch cuda:90": (tp + ["unpack", paths["tpack"], "--cache-dir", out, "-q", "--force",
+                                                   "--arch", "cuda:90"], fresh_out),
+        "tritonpack unpack --binary-only": (tp + ["unpack", paths["tpack"], "--cache-dir", out, "-q", "--force",
+                                                  "--binary-only"], fresh_out),
+        "tritonpack list": (tp + ["list", paths["tpack"], "--json"], None),
+        "tritonpack check": (tp + ["check", paths["tpack"], "--target", "cuda:90"], None),
+    }
+    samples: dict[str, list[tuple[float, int]]] = {}
+    try:
+        for _ in range(args.rounds):
+            for name, (cmd, before) in cases.items():
+                if before:
+                    before()
+                try:
+                    samples.setdefault(name, []).append(run(cmd, shell=isinstance(cmd, str)))
+                except SystemExit:
+                    if name != "tritonpack check":  # exits 6 when some entries are for other targets
+                        raise
+        files, size = dir_stats(cache)
+        result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+                  "cache": {"files": files, "bytes": size,
+                            "kernels": sum(1 for d, _, ns in os.walk(cache) for n in ns if n.startswith("__grp__"))},
+                  "rounds": args.rounds, "cases": {}}
+        for name, runs in samples.items():
+            result["cases"][name] = {"seconds": round(statistics.median(r[0] for r in runs), 3),
+                                     "peak_rss_mb": round(max(r[1] for r in runs) / 2**20, 1)}
+        sizes = {"tar | zstd -19 -T0": os.path.getsize(paths["zst19"]),
+                 "tar | zstd -3 -T0": os.path.getsize(paths["zst3"]),
+                 "tritonpack pack": os.path.getsize(paths["tpack"])}
+        for name, n in sizes.items():
+            result["cases"][name]["bytes"] = n
+        c = result["cases"]
+        full = c["tritonpack unpack"]["seconds"]
+        result["goals"] = {
+            "archive bytes / tar|zstd-19 (<= 0.6)": round(sizes["tritonpack pack"] / sizes["tar | zstd -19 -T0"], 3),
+            "pack time / tar|zstd-3 (<= 2.0)": round(c["tritonpack pack"]["seconds"] / c["tar | zstd -3 -T0"]["seconds"], 3),
+            "unpack time / tar -x (<= 1.0)": round(full / c["tar -x (.tar.zst -19)"]["seconds"], 3),
+            "peak RSS pack, MB (<= 256)": c["tritonpack pack"]["peak_rss_mb"],
+            "peak RSS unpack, MB (<= 256)": c["tritonpack unpack"]["peak_rss_mb"],
+            "list seconds (<= 0.2)": c["tritonpack list"]["seconds"],
+            "check seconds (<= 0.2)": c["tritonpack check"]["seconds"],
+            "one arch of three / full unpack (<= 0.4)": round(c["tritonpack unpack --arch cuda:90"]["seconds"] / full, 3),
+            "binary-only / full unpack": round(c["tritonpack unpack --binary-only"]["seconds"] / full, 3),
+        }
+        print(f"cache: {files} files, {size / 1e6:.1f} MB, {result['cache']['kernels']} kernels")
+        print(f"{'case':<36} {'seconds':>8} {'peak MB':>8} {'bytes':>12}")
+        for name, v in c.items():
+            print(f"{name:<36} {v['seconds']:8.3f} {v['peak_rss_mb']:8.1f} {v.get('bytes', ''):>12}")
+        for goal, value in result["goals"].items():
+            print(f"{goal:<45} {value}")
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Selective pack and unpack: one target, some kernels, binary-only groups that Triton still hits."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tritonpack
+from conftest import snapshot
+from kernels import HAS_LISTENER, SOURCES, compile_all, targets
+from tritonpack.selection import Selection
+
+
+@pytest.fixture()
+def archive(tmp_path, compiled_root):
+    path = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, path)
+    return path
+
+
+def group_targets(root):
+    out = []
+    for manifest in root.glob("*/__grp__*.json"):
+        meta = next(p for p in manifest.parent.iterdir() if p.suffix == ".json" and not p.name.startswith("__grp__"))
+        target = json.loads(meta.read_text())["target"]
+        out.append(f"{target['backend']}:{target['arch']}")
+    return sorted(out)
+
+
+def test_unpack_one_arch(tmp_path, archive):
+    result = tritonpack.unpack(archive, tmp_path / "root", selection=Selection(archs=("cuda:90",)))
+    assert result.written == len(SOURCES)
+    assert group_targets(tmp_path / "root") == ["cuda:90"] * len(SOURCES)
+    result = tritonpack.unpack(archive, tmp_path / "root2", selection=Selection(archs=("80",)))
+    assert group_targets(tmp_path / "root2") == ["cuda:80"] * len(SOURCES)
+
+
+def test_unpack_kernel_glob(tmp_path, archive):
+    tritonpack.unpack(archive, tmp_path / "root", selection=Selection(kernels=("soft*",)))
+    names = {p.name for p in (tmp_path / "root").glob("*/__grp__*.json")}
+    assert names == {"__grp__softmax_kernel.json"}
+
+
+def test_binary_only_unpack_is_hit_by_triton(tmp_path, archive):
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root, selection=Selection(binary_only=True))
+    for manifest in root.glob("*/__grp__*.json"):
+        children = json.loads(manifest.read_text())["child_paths"]
+        assert all(n.endswith((".json", ".cubin", ".hsaco")) for n in children)
+        assert len(children) == 2
+        assert sorted(p.name for p in manifest.parent.iterdir()) == sorted([*children, manifest.name])
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert hits == [True] * len(SOURCES) * len(targets())
+    assert snapshot(root) == before
+
+
+def test_pack_filters(tmp_path, compiled_root):
+    archive = tmp_path / "k.tpack"
+    result = tritonpack.pack(compiled_root, archive,
+                             selection=Selection(archs=("cuda:80",), kernels=("add_*", "scale_*"), binary_only=True))
+    assert result.entries["group"] == 2
+    with tritonpack.open(archive) as reader:
+        assert {e.target for e in reader.entries} == {"cuda:80"}
+        assert all(len(e.files) == 2 for e in reader.entries)

@@ -1,0 +1,64 @@
+"""Choosing part of a cache or an archive: by target, by kernel name, and binary-only groups.
+
+The same selection filters pack (what goes into the archive) and unpack (what comes out of it), so that a
+partial unpack costs in proportion to what it takes.
+"""
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .model import AUTOTUNE, GROUP
+
+BINARY_SUFFIXES = (".cubin", ".hsaco")  # with <name>.json, what Triton's TRITON_STORE_BINARY_ONLY keeps
+
+
+def binary_only_names(kernel_name: str, names: Sequence[str]) -> list[str]:
+    """The files of a group that Triton needs to load it: its metadata json and its binary."""
+    return [n for n in names if n == f"{kernel_name}.json" or n.endswith(BINARY_SUFFIXES)]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """``archs``: ``cuda:90``, ``90``, ``hip:gfx942`` or ``gfx942``; ``kernels``: shell globs on kernel names.
+
+    Autotune results (which record no target) and launcher stubs (shared by kernels) are kept by an arch filter;
+    a kernel filter keeps the autotune results of the functions it names, and the stubs.
+    """
+
+    archs: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    binary_only: bool = False
+
+    @property
+    def everything(self) -> bool:
+        return not (self.archs or self.kernels or self.binary_only)
+
+    def wants(self, entry) -> bool:
+        if entry.kind == GROUP:
+            if self.archs and not self._arch_matches(entry.kernel):
+                return False
+            return not self.kernels or self._name_matches(entry.name)
+        if entry.kind == AUTOTUNE and self.kernels:
+            return self._name_matches(entry.autotune.function if entry.autotune else entry.name)
+        return True
+
+    def file_indices(self, entry) -> list[int]:
+        """Indices of the entry's files to take."""
+        names = [f.name for f in entry.files]
+        if self.binary_only and entry.kind == GROUP:
+            keep = set(binary_only_names(entry.name, names))
+            return [i for i, n in enumerate(names) if n in keep]
+        return list(range(len(names)))
+
+    def _arch_matches(self, kernel) -> bool:
+        if kernel is None or kernel.backend is None:
+            return False
+        return any(a in (kernel.target, str(kernel.arch)) for a in self.archs)
+
+    def _name_matches(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.kernels)
+
+
+EVERYTHING = Selection()
