@@ -29,7 +29,7 @@ def _pointwise(i: int, rng: random.Random) -> tuple[str, str, int]:
     ops = [rng.choice(OPS) for _ in range(rng.randint(2, 7))]
     name = f"triton_poi_fused_{'_'.join(o[0] for o in ops[:4])}_{i}"
     args = ", ".join(f"in_ptr{k}" for k in range(inputs))
-    lines = [f"@triton.jit", f"def {name}({args}, out_ptr0, xnumel, XBLOCK: tl.constexpr):",
+    lines = ["@triton.jit", f"def {name}({args}, out_ptr0, xnumel, XBLOCK: tl.constexpr):",
              "    xoffset = tl.program_id(0) * XBLOCK", "    xindex = xoffset + tl.arange(0, XBLOCK)",
              "    xmask = xindex < xnumel"]
     for k in range(inputs):

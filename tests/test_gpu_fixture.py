@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import snapshot
 
 import tritonpack
@@ -48,8 +49,6 @@ def test_gpu_cache_round_trip(tmp_path, gpu_cache):
 
 
 def test_gpu_cache_resolves_through_tritons_cache_manager(tmp_path, gpu_cache, monkeypatch):
-    import pytest
-
     pytest.importorskip("triton")
     from triton.runtime.cache import FileCacheManager
 
@@ -74,14 +73,17 @@ def test_golden_archive_is_reproduced_byte_for_byte(tmp_path):
     assert again.read_bytes() == GOLDEN.read_bytes()
 
 
-def test_golden_archive_reads(tmp_path, gpu_cache):
-    with tritonpack.open(GOLDEN) as reader:
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("h200-triton36-v1.0-early-writer.tpack")],
+                         ids=["current-writer", "early-writer"])
+def test_golden_archive_reads(tmp_path, gpu_cache, golden):
+    """The current writer's golden, and one from the first 1.0 writer (8 MiB blocks, level 3, no long matching)."""
+    with tritonpack.open(golden) as reader:
         assert reader.info.format_version == (1, 0)
         assert reader.info.triton.version == "3.6.0"
         assert reader.info.created == 1767225600
         names = sorted((e.key, e.name) for e in reader.entries)
         assert len(names) == 9
-    tritonpack.unpack(GOLDEN, tmp_path / "root", force=True)
+    tritonpack.unpack(golden, tmp_path / "root", force=True)
     src = snapshot(gpu_cache)
     out = snapshot(tmp_path / "root")
     assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \

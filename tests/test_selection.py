@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-import tritonpack
 from conftest import snapshot
 from kernels import HAS_LISTENER, SOURCES, compile_all, targets
+
+import tritonpack
 from tritonpack.selection import Selection
 
 

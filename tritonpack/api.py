@@ -15,7 +15,7 @@ from .compat import CheckReport, Environment, check_entries
 from .errors import CacheError, IncompatibleError, UsageError
 from .fingerprint import local_triton
 from .gpus import parse_target, visible_targets
-from .model import ArchiveInfo, Entry
+from .model import ArchiveInfo, Entry, TritonInfo
 from .report import PackResult, UnpackResult, kind_counts
 from .selection import EVERYTHING, Selection
 from .triton_env import default_cache_dir
@@ -67,7 +67,7 @@ def pack(
     """
     from .archive.writer import write_archive
     from .cacheroot import scan_cache
-    from .triton_env import python_info, triton_info
+    from .triton_env import python_info
 
     start = time.perf_counter()
     root = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -79,8 +79,12 @@ def pack(
                         for e in scan.entries if selection.wants(e)]
     targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
                if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
+    local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
+    triton = None if local is None else TritonInfo(
+        local.version, local.key_sha256,
+        {k: v for k, v in local.backend_hashes.items() if k in {f"{b}:{a}" for b, a, _ in targets}})
     info = ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=_created(),
-                       python=python_info(), triton=triton_info(targets))
+                       python=python_info(), triton=triton)
     total = sum(e.size for e in scan.entries)
     written = write_archive(os.fspath(output), scan.entries, info, level=level, on_file=_counter(total, progress))
     return PackResult(

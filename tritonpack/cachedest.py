@@ -11,7 +11,9 @@ import contextlib
 import hashlib
 import json
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .archive.reader import ArchiveReader
@@ -23,6 +25,9 @@ PRESENT = "present"  # identical already: nothing to do
 RELINK = "relink"  # identical files, manifest points elsewhere: manifest rewritten
 CONFLICT = "conflict"  # different content present: kept
 REPLACE = "replace"  # different content present and overwrite asked: replaced
+
+WRITERS = 4
+MAX_PENDING_WRITES = 256
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ def _read_manifest(path: str):
 def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> Placement:
     """Compare one entry with what the root holds and decide what to do."""
     key_dir = os.path.join(root, entry.key)
+    if not os.path.isdir(key_dir):  # the common case of a fresh root: one stat instead of one per file
+        return Placement(entry, blobs, WRITE, tuple(range(len(entry.files))))
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
     differs = any(s is False for s in states)
     todo = tuple(i for i, s in enumerate(states) if s is not True)
@@ -97,12 +104,17 @@ def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> P
     return Placement(entry, blobs, RELINK)
 
 
-def atomic_write(directory: str, name: str, data: bytes) -> None:
+def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
+    """Write through a temp file and ``os.replace``: readers see the old file or the whole new one."""
     tmp = os.path.join(directory, f"tmp.tpack.{os.getpid()}.{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         os.replace(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -132,11 +144,13 @@ def materialize(
 
 def _materialize(reader, root, placements, on_file) -> Written:
     targets: dict[int, list[tuple[str, str]]] = {}
+    os.makedirs(root, exist_ok=True)
     for p in placements:
         if p.action not in (WRITE, REPLACE, RELINK):
             continue
         key_dir = os.path.join(root, p.entry.key)
-        os.makedirs(key_dir, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(key_dir)
         if p.entry.kind == GROUP and p.files:
             # Hide the group from Triton while its files change: the manifest goes first, comes back last.
             with contextlib.suppress(FileNotFoundError):
@@ -144,14 +158,27 @@ def _materialize(reader, root, placements, on_file) -> Written:
         for i in p.files:
             targets.setdefault(p.blobs[i], []).append((key_dir, p.entry.files[i].name))
     files = written = 0
-    for blob, content in reader.iter_blobs(targets):
-        for key_dir, name in targets[blob]:
-            atomic_write(key_dir, name, content)
+    # Creating files is the cost of an unpack; a few writer threads overlap it with decoding and hashing.
+    with ThreadPoolExecutor(max_workers=WRITERS) as pool:
+        pending: deque[tuple[Future, int]] = deque()
+        for blob, content in reader.iter_blobs(targets):
+            for key_dir, name in targets[blob]:
+                pending.append((pool.submit(atomic_write, key_dir, name, content), len(content)))
+            while len(pending) > MAX_PENDING_WRITES or (pending and pending[0][0].done()):
+                future, size = pending.popleft()
+                future.result()
+                files += 1
+                written += size
+                if on_file:
+                    on_file(size)
+        for future, size in pending:
+            future.result()
             files += 1
-            written += len(content)
+            written += size
             if on_file:
-                on_file(len(content))
-    for p in placements:
-        if p.writes_manifest:
-            atomic_write(os.path.join(root, p.entry.key), manifest_name(p.entry.name), manifest_bytes(root, p.entry))
+                on_file(size)
+        manifests = [pool.submit(atomic_write, os.path.join(root, p.entry.key), manifest_name(p.entry.name),
+                                 manifest_bytes(root, p.entry)) for p in placements if p.writes_manifest]
+        for future in manifests:
+            future.result()
     return Written(files, written)

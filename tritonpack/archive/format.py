@@ -16,7 +16,8 @@ TRAILER = struct.Struct("<QQQ32s8s")  # index offset, index length, index size, 
 HEADER_SIZE = HEADER.size  # 16
 TRAILER_SIZE = TRAILER.size  # 64
 
-DEFAULT_LEVEL = 3  # zstd level of data blocks unless asked otherwise
+IN_FLIGHT = 128 * 1024 * 1024  # uncompressed bytes a reader or writer holds at once, whatever the core count
+DEFAULT_LEVEL = 7  # zstd level of data blocks unless asked otherwise (bench/perf.py)
 
 # Reader limits: a hostile archive must not make a reader allocate without bound.
 MAX_INDEX_SIZE = 512 * 1024 * 1024

@@ -14,7 +14,7 @@ import zstandard
 
 from ..errors import ArchiveError, IntegrityError
 from ..model import ArchiveInfo, Entry
-from .format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
+from .format import HEADER_SIZE, IN_FLIGHT, TRAILER_SIZE, parse_header, parse_trailer
 from .index import CODEC_ZSTD, Block, Index, decode_index
 from .source import ByteSource, LocalFile
 
@@ -91,8 +91,12 @@ class ArchiveReader:
             raise ArchiveError(f"truncated archive (block {number})", self.path)
         return _decompress(data, block.size, f"block {number}", self.path)
 
-    def iter_blobs(self, wanted: Iterable[int], threads: int | None = None) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(blob number, content)`` for each wanted blob, block by block, each verified."""
+    def iter_blobs(self, wanted: Iterable[int], threads: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Yield ``(blob number, content)`` for each wanted blob, block by block, each verified.
+
+        Worker threads read, decode and verify several blocks at once; at most ``IN_FLIGHT`` decoded bytes are
+        held, whatever the archive's size or the number of cores.
+        """
         by_block: dict[int, list[int]] = {}
         for blob in sorted(set(wanted)):
             by_block.setdefault(self._index.blobs[blob].block, []).append(blob)
@@ -100,33 +104,32 @@ class ArchiveReader:
         workers = min(threads or os.cpu_count() or 1, len(order))
         if workers <= 1:  # nothing to overlap: decode inline, no thread pool to start
             for number in order:
-                yield from self._blobs_of(number, self._read_block(number, self._index.blocks[number]),
-                                          by_block[number])
+                yield from self._decode(number, by_block[number])
             return
         from concurrent.futures import ThreadPoolExecutor
 
+        sizes = {n: self._index.blocks[n].size for n in order}
         pending: deque = deque()
+        queue = deque(order)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            queue = iter(order)
-            for number in queue:
-                pending.append((number, pool.submit(self._read_block, number, self._index.blocks[number])))
-                if len(pending) >= workers * 2:
-                    break
-            while pending:
-                number, future = pending.popleft()
-                data = future.result()
-                nxt = next(queue, None)
-                if nxt is not None:
-                    pending.append((nxt, pool.submit(self._read_block, nxt, self._index.blocks[nxt])))
-                yield from self._blobs_of(number, data, by_block[number])
+            while queue or pending:
+                while queue and (not pending or (len(pending) < workers * 2 and
+                                                 sum(sizes[n] for n, _ in pending) + sizes[queue[0]] <= IN_FLIGHT)):
+                    number = queue.popleft()
+                    pending.append((number, pool.submit(self._decode, number, by_block[number])))
+                _, future = pending.popleft()
+                yield from future.result()
 
-    def _blobs_of(self, number: int, data: bytes, blobs: list[int]) -> Iterator[tuple[int, bytes]]:
+    def _decode(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview]]:
+        data = memoryview(self._read_block(number, self._index.blocks[number]))
+        out = []
         for blob in blobs:
             ref = self._index.blobs[blob]
             content = data[ref.offset:ref.offset + ref.size]
             if hashlib.sha256(content).digest() != ref.sha256:
                 raise IntegrityError(f"sha256 mismatch in blob {blob} (block {number})", self.path)
-            yield blob, content
+            out.append((blob, content))
+        return out
 
     def close(self) -> None:
         self._source.close()

@@ -19,10 +19,21 @@ import zstandard
 
 from ..errors import CacheError, UsageError
 from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
-from .format import DEFAULT_LEVEL, HEADER_SIZE, MAX_BLOCK_SIZE, TRAILER_SIZE, Trailer, pack_header, pack_trailer
+from .format import (
+    DEFAULT_LEVEL,
+    HEADER_SIZE,
+    IN_FLIGHT,
+    MAX_BLOCK_SIZE,
+    TRAILER_SIZE,
+    Trailer,
+    pack_header,
+    pack_trailer,
+)
 from .index import BlobRef, Block, decode_index, encode_index
 
-BLOCK_SIZE = 8 * 1024 * 1024
+BLOCK_SIZE = 32 * 1024 * 1024  # large enough for long-distance matches, small enough to decode in parallel
+READ_AHEAD = 16 * 1024 * 1024
+MAX_WINDOW_LOG = 25  # 32 MiB: zstd decoders accept up to 2^27 by default
 INDEX_LEVEL = 19
 
 
@@ -62,8 +73,12 @@ def _layout_key(entry: SourceEntry, name: str) -> tuple:
     return (ext, target, name, entry.key)
 
 
-def _compress(data: bytes, level: int) -> bytes:
-    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+def compress_block(data: bytes, level: int) -> bytes:
+    """One independent frame; long-distance matching finds the repeats between alike files of a block."""
+    window_log = max(17, min(MAX_WINDOW_LOG, (max(len(data), 1) - 1).bit_length()))
+    params = zstandard.ZstdCompressionParameters.from_level(
+        level, source_size=len(data), window_log=window_log, enable_ldm=True, write_content_size=True)
+    return zstandard.ZstdCompressor(compression_params=params).compress(data)
 
 
 def write_archive(
@@ -100,6 +115,25 @@ def _umask() -> int:
     return mask
 
 
+def _read(source: SourceFile) -> tuple[bytes, bytes]:
+    """Runs in a worker thread: file reads and sha256 release the GIL, so files are read in parallel."""
+    data = source.read()
+    return data, hashlib.sha256(data).digest()
+
+
+def _chunks(refs: list, entries: Sequence[SourceEntry]):
+    """Consecutive runs of files of about READ_AHEAD bytes, read in parallel while earlier blocks compress."""
+    chunk, size = [], 0
+    for ref in refs:
+        chunk.append(ref)
+        size += getattr(entries[ref[1]].files[ref[2]], "size", 0) or 0
+        if size >= READ_AHEAD or len(chunk) >= 4096:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
 def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResult:
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
     refs = sorted(
@@ -118,8 +152,9 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     bytes_in = 0
 
     def drain(limit: int) -> None:
+        """Write finished blocks in order until at most ``limit`` uncompressed bytes are in flight (-1: all)."""
         nonlocal offset
-        while len(pending) > limit:
+        while pending and sum(size for _, size in pending) > limit:
             future, size = pending.popleft()
             data = future.result()
             out.write(data)
@@ -130,34 +165,35 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
         def flush() -> None:
             nonlocal buffer, buffered
             if buffer:
-                pending.append((pool.submit(_compress, b"".join(buffer), level), buffered))
+                data = b"".join(buffer)
                 buffer, buffered = [], 0
-                drain(threads * 2)
+                pending.append((pool.submit(compress_block, data, level), len(data)))
+                drain(IN_FLIGHT)
 
-        for _, i, j in refs:
-            source = entries[i].files[j]
-            data = source.read()
-            if len(data) > MAX_BLOCK_SIZE:
-                where = getattr(source, "path", f"{entries[i].key}/{source.name}")
-                raise UsageError(f"file larger than {MAX_BLOCK_SIZE} bytes cannot be archived", where)
-            bytes_in += len(data)
-            digest = hashlib.sha256(data).digest()
-            stored[(i, j)] = StoredFile(source.name, len(data), digest)
-            blob = by_digest.get(digest)
-            if blob is None:
-                if buffer and buffered + len(data) > block_size:
-                    flush()
-                blob = len(blobs)
-                by_digest[digest] = blob
-                blobs.append(BlobRef(block=len(blocks) + len(pending), offset=buffered, size=len(data),
-                                     sha256=digest))
-                buffer.append(data)
-                buffered += len(data)
-            file_blobs[(i, j)] = blob
-            if on_file:
-                on_file(len(data))
+        for chunk in _chunks(refs, entries):
+            for (_, i, j), (data, digest) in zip(chunk, pool.map(_read, [entries[i].files[j] for _, i, j in chunk]),
+                                                 strict=True):
+                source = entries[i].files[j]
+                if len(data) > MAX_BLOCK_SIZE:
+                    where = getattr(source, "path", f"{entries[i].key}/{source.name}")
+                    raise UsageError(f"file larger than {MAX_BLOCK_SIZE} bytes cannot be archived", where)
+                bytes_in += len(data)
+                stored[(i, j)] = StoredFile(source.name, len(data), digest)
+                blob = by_digest.get(digest)
+                if blob is None:
+                    if buffer and buffered + len(data) > block_size:
+                        flush()
+                    blob = len(blobs)
+                    by_digest[digest] = blob
+                    blobs.append(BlobRef(block=len(blocks) + len(pending), offset=buffered, size=len(data),
+                                         sha256=digest))
+                    buffer.append(data)
+                    buffered += len(data)
+                file_blobs[(i, j)] = blob
+                if on_file:
+                    on_file(len(data))
         flush()
-        drain(0)
+        drain(-1)
 
     model = tuple(
         Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[(i, j)] for j in range(len(e.files))),
@@ -166,7 +202,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     )
     raw_index = encode_index(info, blocks, blobs, model, file_blobs)
     decode_index(raw_index, out.name, info.format_version)  # never write what a reader would reject
-    index = _compress(raw_index, INDEX_LEVEL)
+    index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
     out.flush()
