@@ -10,6 +10,7 @@ from .errors import (
     CacheError,
     IncompatibleError,
     IntegrityError,
+    RemoteError,
     TpackError,
     UnsupportedFormatError,
     UsageError,
@@ -22,4 +23,5 @@ __all__ = [
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
     "IntegrityError", "CacheError", "IncompatibleError",
+    "RemoteError",
 ]

@@ -15,6 +15,7 @@ from .errors import CacheError, IncompatibleError, UsageError
 from .fingerprint import local_triton
 from .gpus import parse_target, visible_targets
 from .model import ArchiveInfo, Entry
+from .remote import open_source
 from .report import PackResult, UnpackResult, kind_counts
 from .triton_env import default_cache_dir
 
@@ -90,8 +91,11 @@ def pack(
 
 
 def open(path: str | os.PathLike) -> ArchiveReader:
-    """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone."""
-    return ArchiveReader(path)
+    """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone.
+
+    ``path`` may be a URL (``https://``, ``s3://``, ``hf://``, ``file://``: range reads, see ``remote``).
+    """
+    return ArchiveReader(open_source(path))
 
 
 def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = None) -> Environment:
@@ -113,7 +117,7 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
 
 def check(archive: str | os.PathLike, targets: list[str] | None = None) -> CheckReport:
     """Say, per entry, whether this environment's Triton will use it, and if not which factor differs."""
-    with ArchiveReader(archive) as reader:
+    with ArchiveReader(open_source(archive)) as reader:
         return check_entries(reader.entries, reader.info, environment(reader.entries, targets))
 
 
@@ -140,7 +144,7 @@ def unpack(
     """
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
-    with ArchiveReader(archive) as reader:
+    with ArchiveReader(open_source(archive)) as reader:
         report = check_entries(reader.entries, reader.info, environment(reader.entries, targets))
         if reader.entries and not report.usable and not force:
             reason = report.reasons()[0][0]

@@ -13,6 +13,7 @@ from .errors import (
     ArchiveError,
     CacheError,
     IncompatibleError,
+    RemoteError,
     TpackError,
     UsageError,
 )
@@ -24,6 +25,7 @@ EXIT_CODES: list[tuple[type[TpackError], int]] = [
     (ArchiveError, 3),
     (CacheError, 4),
     (IncompatibleError, 5),
+    (RemoteError, 7),
     (TpackError, 1),
 ]
 
@@ -92,9 +94,12 @@ def pack(
     _emit(result, as_json, quiet)
 
 
+ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://)."
+
+
 @app.command()
 def unpack(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
@@ -118,7 +123,7 @@ def unpack(
 
 @app.command()
 def check(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
                                      "visible GPUs, e.g. cuda:90."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -176,7 +181,7 @@ def relocate(
 
 @app.command("list")
 def list_(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON document with an `entries` list."),
 ) -> None:
     """List the kernels, autotune results and other files of an archive (reads the index only)."""
