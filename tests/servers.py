@@ -119,3 +119,28 @@ def nginx(directory: Path) -> Iterator[Nginx]:
         server = Nginx(directory, port)
         server.reset_log()
         yield server
+
+
+REGISTRY_CONF = """\
+version: 0.1
+log:
+  level: error
+storage:
+  filesystem:
+    rootdirectory: {d}/data
+http:
+  addr: 127.0.0.1:{port}
+  secret: tritonpack-tests
+"""
+
+
+@contextlib.contextmanager
+def registry(directory: Path) -> Iterator[str]:
+    """Debian's docker-registry (distribution 2.x) with filesystem storage; yields ``host:port``."""
+    exe = binary("docker-registry")
+    port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "config.yml"
+    conf.write_text(REGISTRY_CONF.format(d=directory, port=port))
+    with running([exe, "serve", str(conf)], port, directory / "registry.log"):
+        yield f"127.0.0.1:{port}"

@@ -16,6 +16,7 @@ from .errors import (
     UsageError,
 )
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
+from .oci import pull, push
 from .report import PackResult, UnpackResult
 
 __all__ = [
@@ -23,5 +24,5 @@ __all__ = [
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
     "IntegrityError", "CacheError", "IncompatibleError",
-    "RemoteError",
+    "push", "pull", "RemoteError",
 ]

@@ -93,7 +93,8 @@ def pack(
 def open(path: str | os.PathLike) -> ArchiveReader:
     """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone.
 
-    ``path`` may be a URL (``https://``, ``s3://``, ``hf://``, ``file://``: range reads, see ``remote``).
+    ``path`` may be a URL (``https://``, ``s3://``, ``hf://``, ``file://``: range reads, see ``remote``) or an
+    ``oci://`` reference (pulled to a temp file).
     """
     return ArchiveReader(open_source(path))
 

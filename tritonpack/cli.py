@@ -94,7 +94,7 @@ def pack(
     _emit(result, as_json, quiet)
 
 
-ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://)."
+ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."
 
 
 @app.command()
@@ -192,6 +192,45 @@ def list_(
             typer.echo(json.dumps(doc, indent=2))
         else:
             typer.echo(render_table(reader.info, reader.entries, archive))
+
+
+PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback registries only)."
+
+
+@app.command()
+def push(
+    archive: str = typer.Argument(..., help="The local .tpack archive."),
+    reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG]"),
+    plain_http: bool = typer.Option(False, "--plain-http", help=PLAIN_HTTP_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Push an archive to an OCI registry as an ORAS artifact, described by manifest annotations (targets,
+    Triton version, kernels, index digest) that can be read without pulling it.
+
+    Example: tritonpack push kernels.tpack oci://registry.example:5000/triton/kernels:h100-triton3.6
+    """
+    from . import oci
+
+    _emit(oci.push(archive, reference, plain_http=plain_http or None), as_json, quiet)
+
+
+@app.command()
+def pull(
+    reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG|@DIGEST]"),
+    output: str | None = typer.Option(None, "-o", "--output",
+                                      help="File to write. Default: the name it was pushed under."),
+    plain_http: bool = typer.Option(False, "--plain-http", help=PLAIN_HTTP_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Pull an archive from an OCI registry, checked against the manifest's digest.
+
+    Example: tritonpack pull oci://registry.example:5000/triton/kernels:h100-triton3.6 -o kernels.tpack
+    """
+    from . import oci
+
+    _emit(oci.pull(reference, output, plain_http=plain_http or None), as_json, quiet)
 
 
 def _version(value: bool) -> None:

@@ -1,6 +1,6 @@
 """Archives that are not local files. ``open_source`` is the one place where an ARCHIVE argument becomes a
-``ByteSource``, chosen by its scheme: a path or ``file://`` URL is read locally, and any other
-URL (``https://``, ``http://``, ``s3://``, ``hf://``, ...) is read through fsspec with one
+``ByteSource``, chosen by its scheme: a path or ``file://`` URL is read locally, ``oci://`` is pulled to a temp
+file, and any other URL (``https://``, ``http://``, ``s3://``, ``hf://``, ...) is read through fsspec with one
 range request per read, so listing fetches the header, the trailer and the index and nothing else.
 """
 from __future__ import annotations
@@ -31,6 +31,10 @@ def open_source(location: str | os.PathLike) -> ByteSource:
     url = os.fspath(location)
     if scheme == "file":
         return LocalFile(file_url_path(url))
+    if scheme == "oci":
+        from .oci import pull_to_temp
+
+        return pull_to_temp(url)
     return FsspecSource(url)
 
 
