@@ -144,3 +144,15 @@ def registry(directory: Path) -> Iterator[str]:
     conf.write_text(REGISTRY_CONF.format(d=directory, port=port))
     with running([exe, "serve", str(conf)], port, directory / "registry.log"):
         yield f"127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[int]:
+    """redis-server without persistence; yields its port."""
+    exe = binary("redis-server")
+    port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [exe, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory), "--save", "",
+            "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no"]
+    with running(argv, port, directory / "redis.log"):
+        yield port

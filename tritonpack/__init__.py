@@ -17,6 +17,7 @@ from .errors import (
 )
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
 from .oci import pull, push
+from .redis_cache import unpack_to_redis
 from .report import PackResult, UnpackResult
 
 __all__ = [
@@ -24,5 +25,5 @@ __all__ = [
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
     "IntegrityError", "CacheError", "IncompatibleError",
-    "push", "pull", "RemoteError",
+    "push", "pull", "unpack_to_redis", "RemoteError",
 ]

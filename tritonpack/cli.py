@@ -102,6 +102,9 @@ def unpack(
     archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
+    to_redis: str | None = typer.Option(
+        None, "--to-redis", help="Write into Redis (redis://HOST:PORT) in the layout of Triton's "
+                                 "RedisRemoteCacheBackend instead of a cache root."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
     force: bool = typer.Option(False, "--force", help="Write entries the preflight says will not be used here."),
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
@@ -116,8 +119,16 @@ def unpack(
     Example: TRITON_CACHE_DIR=/opt/cache tritonpack unpack kernels.tpack --target cuda:90
     """
     with _progress(not (quiet or as_json), "unpacking") as progress:
-        result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
-                            progress=progress)
+        if to_redis is not None:
+            if cache_dir is not None:
+                raise UsageError("--to-redis and --cache-dir exclude each other")
+            from .redis_cache import unpack_to_redis
+
+            result = unpack_to_redis(archive, to_redis, overwrite=overwrite, force=force, targets=target or None,
+                                     progress=progress)
+        else:
+            result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
+                                progress=progress)
     _emit(result, as_json, quiet)
 
 
