@@ -53,6 +53,7 @@ def test_manifest_annotations_describe_the_archive_without_pulling_it(host, arch
     assert notes["io.tritonpack.index.sha256"] == digest
     assert notes["io.tritonpack.triton.version"].startswith("{}.{}".format(*TRITON_VERSION))
     assert notes["io.tritonpack.format"] == "1.0"
+    assert tritonpack.oci.fetch_manifest(pushed)["annotations"] == notes  # the same, from tritonpack's API
 
 
 def test_pull_is_byte_identical(pushed, archive, tmp_path, monkeypatch, capsys):
