@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from .archive.reader import ArchiveReader
 from .archive.source import LocalFile
+from .archive.writer import _umask as umask
 from .errors import RemoteError, TpackError, UsageError
 from .model import GROUP, ArchiveInfo, Entry
 from .remote import scheme_of
@@ -299,18 +300,12 @@ def _download(client, ref: Reference, layer: dict, output: str) -> None:
                 f.write(chunk)
         if "sha256:" + digest.hexdigest() != layer["digest"] or size != layer["size"]:
             raise RemoteError("the downloaded archive does not match the manifest's digest", str(ref))
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, output)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def pull(reference: str, output: str | os.PathLike | None = None, *, plain_http: bool | None = None) -> PullResult:

@@ -20,12 +20,11 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from .api import Progress, _counter, environment
 from .archive.reader import ArchiveReader
-from .cachedest import CONFLICT, PRESENT, REPLACE, WRITE
+from .cachedest import CONFLICT, PRESENT, REPLACE, WRITE, Placement
 from .compat import check_entries
 from .errors import IncompatibleError, RemoteError, UsageError
 from .model import GROUP, Entry, manifest_name
@@ -51,18 +50,6 @@ def redis_key(fmt: str, key: str, filename: str) -> str:
 def manifest_value(entry: Entry) -> bytes:
     """Exactly what ``RemoteCacheManager.put_group`` stores for the group."""
     return json.dumps({"child_paths": sorted(f.name for f in entry.files)}).encode("utf-8")
-
-
-@dataclass(frozen=True)
-class Plan:
-    number: int  # the entry's position in the archive
-    entry: Entry
-    action: str
-    files: tuple[int, ...] = ()  # indices into entry.files to write
-
-    @property
-    def writes_manifest(self) -> bool:
-        return self.entry.kind == GROUP and self.action in (WRITE, REPLACE)
 
 
 def decide(states: Sequence[bool | None], overwrite: bool) -> tuple[str, tuple[int, ...]]:
@@ -131,7 +118,7 @@ def _states(client, url: str, values: list[tuple[str, int | None, Callable[[byte
     return states
 
 
-def plan(client, url: str, fmt: str, chosen: Sequence[tuple[int, Entry]], overwrite: bool) -> list[Plan]:
+def plan(client, url: str, fmt: str, chosen: Sequence[tuple[int, Entry]], overwrite: bool) -> list[Placement]:
     """Compare each chosen entry with what the server holds and decide what to write."""
     values, spans = [], []
     for _, entry in chosen:
@@ -148,7 +135,7 @@ def plan(client, url: str, fmt: str, chosen: Sequence[tuple[int, Entry]], overwr
     plans = []
     for (number, entry), (first, last) in zip(chosen, spans, strict=True):
         action, todo = decide(states[first:last], overwrite)
-        plans.append(Plan(number, entry, action, tuple(i for i in todo if i < len(entry.files))))
+        plans.append(Placement(number, entry, action, tuple(i for i in todo if i < len(entry.files))))
     return plans
 
 
@@ -159,7 +146,7 @@ def _json(data: bytes):
         return None
 
 
-def write(client, url: str, fmt: str, reader: ArchiveReader, plans: Sequence[Plan],
+def write(client, url: str, fmt: str, reader: ArchiveReader, plans: Sequence[Placement],
           on_file: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Hide groups that change (manifest deleted), write their files, then the manifests. Files and bytes."""
     targets: dict[int, list[str]] = {}
