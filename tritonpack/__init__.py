@@ -10,11 +10,14 @@ from .errors import (
     CacheError,
     IncompatibleError,
     IntegrityError,
+    RemoteError,
     TpackError,
     UnsupportedFormatError,
     UsageError,
 )
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
+from .oci import pull, push
+from .redis_cache import unpack_to_redis
 from .report import PackResult, UnpackResult
 
 __all__ = [
@@ -22,4 +25,5 @@ __all__ = [
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
     "IntegrityError", "CacheError", "IncompatibleError",
+    "push", "pull", "unpack_to_redis", "RemoteError",
 ]

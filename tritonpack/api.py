@@ -16,6 +16,7 @@ from .errors import CacheError, IncompatibleError, UsageError
 from .fingerprint import local_triton
 from .gpus import parse_target, visible_targets
 from .model import ArchiveInfo, Entry, TritonInfo
+from .remote import open_source
 from .report import PackResult, UnpackResult, kind_counts
 from .selection import EVERYTHING, Selection
 from .triton_env import default_cache_dir
@@ -103,8 +104,12 @@ def pack(
 
 
 def open(path: str | os.PathLike) -> ArchiveReader:
-    """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone."""
-    return ArchiveReader(path)
+    """Open an archive for reading; ``.entries`` and ``.info`` come from the index alone.
+
+    ``path`` may be a URL (``https://``, ``s3://``, ``hf://``, ``file://``: range reads, see ``remote``) or an
+    ``oci://`` reference (pulled to a temp file).
+    """
+    return ArchiveReader(open_source(path))
 
 
 def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = None) -> Environment:
@@ -126,8 +131,25 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
 
 def check(archive: str | os.PathLike, targets: list[str] | None = None) -> CheckReport:
     """Say, per entry, whether this environment's Triton will use it, and if not which factor differs."""
-    with ArchiveReader(archive) as reader:
+    with ArchiveReader(open_source(archive)) as reader:
         return check_entries(reader.entries, reader.info, environment(reader.entries, targets))
+
+
+def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selection = EVERYTHING,
+              force: bool = False) -> tuple[list[tuple[int, Entry]], CheckReport]:
+    """The selected entries to write, numbered as in the archive, and the check report behind the choice.
+
+    Raises ``IncompatibleError`` when none of them would be used here, unless ``force``.
+    """
+    selected = [(n, e) for n, e in enumerate(reader.entries) if selection.wants(e)]
+    entries = tuple(e for _, e in selected)
+    report = check_entries(entries, reader.info, environment(entries, targets))
+    if entries and not report.usable and not force:
+        reason = report.reasons()[0][0]
+        raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
+                                "--force writes them anyway", reader.path)
+    chosen = {id(v.entry) for v in (report.verdicts if force else report.usable)}
+    return [(n, e) for n, e in selected if id(e) in chosen], report
 
 
 def _resolve_root(cache_dir) -> str:
@@ -155,20 +177,12 @@ def unpack(
     """
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
-    with ArchiveReader(archive) as reader:
-        selected = [(n, e) for n, e in enumerate(reader.entries) if selection.wants(e)]
-        entries = tuple(e for _, e in selected)
-        report = check_entries(entries, reader.info, environment(entries, targets))
-        if entries and not report.usable and not force:
-            reason = report.reasons()[0][0]
-            raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
-                                    "--force writes them anyway", os.fspath(archive))
-        chosen = {id(v.entry) for v in (report.verdicts if force else report.usable)}
+    with ArchiveReader(open_source(archive)) as reader:
+        chosen, report = preflight(reader, targets, selection, force)
+        entries = tuple(v.entry for v in report.verdicts)
         try:
             placements = []
-            for n, e in selected:
-                if id(e) not in chosen:
-                    continue
+            for n, e in chosen:
                 keep = selection.file_indices(e)
                 view = replace(e, files=tuple(e.files[i] for i in keep))
                 placements.append(place(root, view, tuple(reader.blob_of(n, i) for i in keep), overwrite))

@@ -13,6 +13,7 @@ from .errors import (
     ArchiveError,
     CacheError,
     IncompatibleError,
+    RemoteError,
     TpackError,
     UsageError,
 )
@@ -25,6 +26,7 @@ EXIT_CODES: list[tuple[type[TpackError], int]] = [
     (ArchiveError, 3),
     (CacheError, 4),
     (IncompatibleError, 5),
+    (RemoteError, 7),
     (TpackError, 1),
 ]
 
@@ -106,11 +108,17 @@ def pack(
     _emit(result, as_json, quiet)
 
 
+ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."
+
+
 @app.command()
 def unpack(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
+    to_redis: str | None = typer.Option(
+        None, "--to-redis", help="Write into Redis (redis://HOST:PORT) in the layout of Triton's "
+                                 "RedisRemoteCacheBackend instead of a cache root."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
     force: bool = typer.Option(False, "--force", help="Write entries the preflight says will not be used here."),
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
@@ -128,14 +136,25 @@ def unpack(
     Example: TRITON_CACHE_DIR=/opt/cache tritonpack unpack kernels.tpack --target cuda:90
     """
     with _progress(not (quiet or as_json), "unpacking") as progress:
-        result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
-                            selection=_selection(arch, kernel, binary_only), progress=progress)
+        if to_redis is not None:
+            if cache_dir is not None:
+                raise UsageError("--to-redis and --cache-dir exclude each other")
+            if arch or kernel or binary_only:
+                raise UsageError("--to-redis takes the whole archive: --arch, --kernel and --binary-only are for "
+                                 "unpacking into a cache directory")
+            from .redis_cache import unpack_to_redis
+
+            result = unpack_to_redis(archive, to_redis, overwrite=overwrite, force=force, targets=target or None,
+                                     progress=progress)
+        else:
+            result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
+                                selection=_selection(arch, kernel, binary_only), progress=progress)
     _emit(result, as_json, quiet)
 
 
 @app.command()
 def check(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
                                      "visible GPUs, e.g. cuda:90."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -193,7 +212,7 @@ def relocate(
 
 @app.command("list")
 def list_(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON document with an `entries` list."),
 ) -> None:
     """List the kernels, autotune results and other files of an archive (reads the index only)."""
@@ -204,6 +223,45 @@ def list_(
             typer.echo(json.dumps(doc, indent=2))
         else:
             typer.echo(render_table(reader.info, reader.entries, archive))
+
+
+PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback registries only)."
+
+
+@app.command()
+def push(
+    archive: str = typer.Argument(..., help="The local .tpack archive."),
+    reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG]"),
+    plain_http: bool = typer.Option(False, "--plain-http", help=PLAIN_HTTP_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Push an archive to an OCI registry as an ORAS artifact, described by manifest annotations (targets,
+    Triton version, kernels, index digest) that can be read without pulling it.
+
+    Example: tritonpack push kernels.tpack oci://registry.example:5000/triton/kernels:h100-triton3.6
+    """
+    from . import oci
+
+    _emit(oci.push(archive, reference, plain_http=plain_http or None), as_json, quiet)
+
+
+@app.command()
+def pull(
+    reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG|@DIGEST]"),
+    output: str | None = typer.Option(None, "-o", "--output",
+                                      help="File to write. Default: the name it was pushed under."),
+    plain_http: bool = typer.Option(False, "--plain-http", help=PLAIN_HTTP_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Pull an archive from an OCI registry, checked against the manifest's digest.
+
+    Example: tritonpack pull oci://registry.example:5000/triton/kernels:h100-triton3.6 -o kernels.tpack
+    """
+    from . import oci
+
+    _emit(oci.pull(reference, output, plain_http=plain_http or None), as_json, quiet)
 
 
 def _version(value: bool) -> None:

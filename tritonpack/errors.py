@@ -37,5 +37,10 @@ class CacheError(TpackError):
     """A cache root cannot be read or written (missing, not a directory, permissions, disk full)."""
 
 
+class RemoteError(TpackError):
+    """A server holding an archive or a cache (HTTP, S3, OCI registry, Redis) could not be reached or did not
+    answer as tritonpack needs (e.g. no byte-range support)."""
+
+
 class IncompatibleError(TpackError):
     """No entry of the archive would be used by the local Triton (see ``check``)."""

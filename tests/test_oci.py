@@ -1,0 +1,133 @@
+"""Archives as OCI artifacts, against a real registry (Debian's docker-registry) on 127.0.0.1: push, annotations
+read back through oras' own manifest API, pull byte-identical, and unpack straight from the registry."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("oras")
+
+from conftest import snapshot
+from servers import free_port, registry
+
+import tritonpack
+from tritonpack.cli import main
+from tritonpack.oci import ARTIFACT_TYPE, LAYER_MEDIA_TYPE, TITLE, Reference, parse_reference
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    with registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def archive(compiled_root, tmp_path_factory):
+    path = tmp_path_factory.mktemp("oci-archive") / "kernels.tpack"
+    tritonpack.pack(compiled_root, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pushed(host, archive):
+    """The archive pushed once, by the command line, as oci://HOST/triton/kernels:v1."""
+    reference = f"oci://{host}/triton/kernels:v1"
+    assert main(["push", str(archive), reference, "-q"]) == 0
+    return reference
+
+
+def test_manifest_annotations_describe_the_archive_without_pulling_it(host, archive, pushed):
+    import oras.client
+    from kernels import TRITON_VERSION, targets
+
+    manifest = oras.client.OrasClient(hostname=host, insecure=True).get_manifest(f"{host}/triton/kernels:v1")
+    assert manifest["artifactType"] == ARTIFACT_TYPE
+    [layer] = manifest["layers"]
+    assert layer["mediaType"] == LAYER_MEDIA_TYPE and layer["size"] == archive.stat().st_size
+    assert layer["annotations"][TITLE] == "kernels.tpack"
+    notes = manifest["annotations"]
+    with tritonpack.open(archive) as reader:
+        digest, kernels = reader.digest, sum(e.kind == "group" for e in reader.entries)
+    expected_targets = sorted(f"{t.backend}:{t.arch}" for t in targets())
+    assert notes["io.tritonpack.targets"] == ",".join(expected_targets)
+    assert notes["io.tritonpack.kernels"] == str(kernels) and kernels == 3 * len(targets())
+    assert notes["io.tritonpack.index.sha256"] == digest
+    assert notes["io.tritonpack.triton.version"].startswith("{}.{}".format(*TRITON_VERSION))
+    assert notes["io.tritonpack.format"] == "1.0"
+    assert tritonpack.oci.fetch_manifest(pushed)["annotations"] == notes  # the same, from tritonpack's API
+
+
+def test_pull_is_byte_identical(pushed, archive, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "pulled.tpack"
+    assert main(["pull", pushed, "-o", str(out)]) == 0
+    assert out.read_bytes() == archive.read_bytes()
+    assert capsys.readouterr().out.startswith(f"pulled {pushed} (")
+    monkeypatch.chdir(tmp_path)
+    result = tritonpack.pull(pushed)  # no output: the name it was pushed under, here
+    assert result.output == "kernels.tpack" and (tmp_path / "kernels.tpack").read_bytes() == archive.read_bytes()
+    assert result.annotations["io.tritonpack.kernels"]
+
+
+def test_unpack_and_list_from_the_registry(pushed, tmp_path, capsys):
+    from kernels import HAS_LISTENER, compile_all
+
+    assert main(["list", pushed]) == 0
+    assert "add_kernel" in capsys.readouterr().out
+    root = tmp_path / "cache"
+    result = tritonpack.unpack(pushed, root)
+    assert result.archive == pushed and result.written == result.entries > 0
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert hits and all(hits), hits
+    assert snapshot(root) == before
+    assert not list(tmp_path.glob("tritonpack-oci-*"))
+
+
+def test_errors_are_one_line(host, archive, tmp_path, capsys):
+    missing = f"oci://{host}/triton/kernels:nope"
+    assert main(["pull", missing, "-o", str(tmp_path / "x.tpack")]) == 2
+    assert capsys.readouterr().err == f"error: {missing}: no such artifact in the registry\n"
+    down = f"oci://127.0.0.1:{free_port()}/triton/kernels:v1"
+    assert main(["push", str(archive), down]) == 7
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {down}: cannot connect to registry 127.0.0.1:") and err.count("\n") == 1
+    bad = tmp_path / "bad.tpack"
+    bad.write_bytes(b"not an archive at all")
+    assert main(["push", str(bad), f"oci://{host}/triton/bad:v1"]) == 3  # refused before anything is sent
+    assert "bad magic" in capsys.readouterr().err
+    assert main(["pull", f"oci://{host}/triton/bad:v1", "-o", str(tmp_path / "y.tpack")]) == 2
+    assert not (tmp_path / "y.tpack").exists()
+
+
+def test_other_artifacts_are_refused(host, tmp_path, monkeypatch, capsys):
+    import oras.client
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not kernels")
+    oras.client.OrasClient(hostname=host, insecure=True).push(f"{host}/other/thing:v1", files=["notes.txt"],
+                                                              quiet=True)
+    assert main(["pull", f"oci://{host}/other/thing:v1"]) == 2
+    assert "not a tritonpack artifact" in capsys.readouterr().err
+
+
+DIGEST = "sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize("url, expected, text, loopback", [
+    ("oci://127.0.0.1:5000/triton/kernels:v1", Reference("127.0.0.1:5000", "triton/kernels", "v1"),
+     "oci://127.0.0.1:5000/triton/kernels:v1", True),
+    ("oci://localhost:5000/kernels", Reference("localhost:5000", "kernels", "latest"),
+     "oci://localhost:5000/kernels:latest", True),
+    ("oci://[::1]:5000/kernels:a.b", Reference("[::1]:5000", "kernels", "a.b"), "oci://[::1]:5000/kernels:a.b", True),
+    (f"oci://registry.example/a/b@{DIGEST}", Reference("registry.example", "a/b", None, DIGEST),
+     f"oci://registry.example/a/b@{DIGEST}", False),
+])
+def test_references(url, expected, text, loopback):
+    ref = parse_reference(url)
+    assert ref == expected and str(ref) == text and ref.loopback == loopback
+
+
+@pytest.mark.parametrize("url", ["oci://", "oci://host", "oci://host/UPPER:v1", "oci://host/r:bad tag"])
+def test_bad_references(url):
+    with pytest.raises(tritonpack.UsageError):
+        parse_reference(url)

@@ -1,0 +1,146 @@
+"""Archives by URL, against a real nginx on 127.0.0.1: listing costs three range requests and a few kB of a
+multi-MB archive, unpacking fetches only the blocks it writes, and the result hits like a local unpack."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+from conftest import snapshot
+from servers import free_port, nginx
+
+import tritonpack
+from tritonpack.archive.format import HEADER_SIZE, TRAILER_SIZE, parse_trailer
+from tritonpack.archive.writer import BLOCK_SIZE
+from tritonpack.cli import main
+
+FOREIGN_STUB = "cuda_utils.cpython-38-x86_64-linux-gnu.so"  # another Python's launcher: the preflight skips it
+STUB_BYTES = BLOCK_SIZE + (1 << 20)  # > the writer's block target: the stub gets a block of its own
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with nginx(tmp_path_factory.mktemp("nginx")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def big(server, compiled_root, tmp_path_factory):
+    """The compiled kernels plus a launcher stub larger than a block built for another Python, served by nginx."""
+    root = tmp_path_factory.mktemp("big") / "cache"
+    shutil.copytree(compiled_root, root)
+    key = base64.b32encode(hashlib.sha256(b"foreign stub").digest()).decode().rstrip("=")
+    (root / key).mkdir()
+    (root / key / FOREIGN_STUB).write_bytes(os.urandom(STUB_BYTES))
+    path = server.www / "big.tpack"
+    tritonpack.pack(root, path)
+    return path
+
+
+@pytest.fixture()
+def log(server):
+    server.reset_log()
+    return server
+
+
+def test_list_fetches_header_trailer_and_index_only(big, log, capsys):
+    url = f"{log.url}/big.tpack"
+    assert main(["list", url, "--json"]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert main(["list", str(big), "--json"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert remote["archive"] == url
+    assert {k: v for k, v in remote.items() if k != "archive"} == {k: v for k, v in local.items() if k != "archive"}
+
+    size = big.stat().st_size
+    trailer = parse_trailer(big.read_bytes()[-TRAILER_SIZE:], size, str(big))
+    requests = log.requests()
+    assert [(m, s) for m, _, s, _, _ in requests] == [("GET", 206)] * 3, requests
+    ranges = [r for *_, r in requests]
+    assert ranges[:2] == [f"bytes=-{TRAILER_SIZE}", f"bytes=0-{HEADER_SIZE - 1}"]
+    assert ranges[2] == f"bytes={trailer.index_offset}-{trailer.index_offset + trailer.index_length - 1}"
+    fetched = sum(sent for _, _, _, sent, _ in requests)
+    assert fetched == HEADER_SIZE + TRAILER_SIZE + trailer.index_length
+    assert size > STUB_BYTES and fetched < 16_000, (fetched, size)
+
+
+def test_check_fetches_the_index_only(big, log):
+    report = tritonpack.check(f"{log.url}/big.tpack")
+    assert len(report.unusable) == 1 and report.unusable[0].entry.name == FOREIGN_STUB
+    assert len(log.requests()) == 3 and sum(r[3] for r in log.requests()) < 16_000
+
+
+def test_unpack_from_url_fetches_needed_blocks_and_hits_like_local(big, log, tmp_path):
+    from kernels import HAS_LISTENER, compile_all
+
+    from_url, from_file = tmp_path / "url" / "cache", tmp_path / "file" / "cache"
+    result = tritonpack.unpack(f"{log.url}/big.tpack", from_url)
+    assert result.written == result.entries - 1 and result.not_used_entries == 1
+    requests = log.requests()
+    with tritonpack.open(big) as reader:
+        blocks = reader.index.blocks
+        stub_blob = {e.name: reader.blob_of(n, 0) for n, e in enumerate(reader.entries)}[FOREIGN_STUB]
+        stub_block = reader.index.blobs[stub_blob].block
+    assert len(blocks) == 3 and stub_block == 1  # kernels, the stub alone, kernels
+    wanted = {f"bytes={b.offset}-{b.offset + b.length - 1}" for n, b in enumerate(blocks) if n != stub_block}
+    assert len(requests) == 3 + len(wanted) and {r for *_, r in requests[3:]} == wanted, requests
+    assert all(status == 206 for _, _, status, _, _ in requests)
+    assert sum(r[3] for r in requests) < big.stat().st_size - STUB_BYTES
+
+    tritonpack.unpack(big, from_file)
+    url_files, file_files = snapshot(from_url), snapshot(from_file)
+    assert url_files.keys() == file_files.keys()
+    for rel, (_, _, digest) in url_files.items():
+        if "__grp__" in rel:  # the same manifest, naming its own root
+            text = (from_url / rel).read_text().replace(str(from_url), str(from_file))
+            assert text == (from_file / rel).read_text()
+        else:
+            assert digest == file_files[rel][2]
+
+    before = snapshot(from_url)
+    hits = compile_all(from_url)
+    if HAS_LISTENER:
+        assert hits and all(hits), hits
+    assert snapshot(from_url) == before, "a cache hit writes nothing"
+
+
+def test_file_url_reads_locally(big, capsys):
+    assert main(["list", big.as_uri()]) == 0
+    assert FOREIGN_STUB in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path, code, message", [
+    ("/missing.tpack", 2, "no such archive (not found on the server)"),
+    ("/no-ranges/big.tpack", 7, "does not support HTTP range requests"),
+])
+def test_server_errors_are_one_line_with_the_url(big, server, tmp_path, capsys, path, code, message):
+    url = f"{server.url}{path}"
+    assert main(["unpack", url, "--cache-dir", str(tmp_path / "root")]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {url}: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "root").exists()
+
+
+def test_connection_refused_is_one_line(capsys):
+    url = f"http://127.0.0.1:{free_port()}/kernels.tpack"
+    assert main(["list", url]) == 7
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {url}: cannot connect to 127.0.0.1:") and err.count("\n") == 1, err
+
+
+def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
+    assert main(["list", "nosuchscheme://x/k.tpack"]) == 2
+    assert "unknown URL scheme nosuchscheme://" in capsys.readouterr().err
+    try:
+        import s3fs  # noqa: F401
+    except ImportError:
+        assert main(["list", "s3://bucket/k.tpack"]) == 2  # fails before any network access
+        err = capsys.readouterr().err
+        assert err.startswith("error: s3://bucket/k.tpack: s3:// needs a package") and "s3fs" in err

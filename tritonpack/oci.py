@@ -1,0 +1,347 @@
+"""Archives as OCI artifacts in any container registry, by ORAS conventions (through the ``oras`` package).
+
+One artifact holds one ``.tpack`` as its single layer. The manifest carries ``artifactType``, an empty config
+(OCI 1.1, as ``oras push`` writes it) and annotations that describe the archive, so that a cluster can choose
+an artifact (targets, Triton version, index digest) from the manifest alone, without pulling it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+from .archive.reader import ArchiveReader
+from .archive.source import LocalFile
+from .archive.writer import _umask as umask
+from .errors import RemoteError, TpackError, UsageError
+from .model import GROUP, ArchiveInfo, Entry
+from .remote import scheme_of
+from .report import human_bytes
+
+ARTIFACT_TYPE = "application/vnd.tritonpack.archive.v1"
+LAYER_MEDIA_TYPE = "application/vnd.tritonpack.archive.layer.v1.tpack"
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+EMPTY_CONFIG = {"mediaType": "application/vnd.oci.empty.v1+json",
+                "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a", "size": 2}
+TITLE = "org.opencontainers.image.title"
+PREFIX = "io.tritonpack."
+DEFAULT_NAME = "kernels.tpack"
+
+# distribution's reference grammar: lowercase path components, tag, digest
+_REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """``oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]``; the tag defaults to ``latest``."""
+
+    registry: str  # host[:port]
+    repository: str
+    tag: str | None
+    digest: str | None = None
+
+    @property
+    def target(self) -> str:
+        """The reference as oras and docker write it, without the scheme."""
+        suffix = f"@{self.digest}" if self.digest else f":{self.tag}"
+        return f"{self.registry}/{self.repository}{suffix}"
+
+    @property
+    def loopback(self) -> bool:
+        host = self.registry.rsplit(":", 1)[0] if not self.registry.startswith("[") else self.registry[1:].split("]")[0]
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    def __str__(self) -> str:
+        return f"oci://{self.target}"
+
+
+def parse_reference(url: str) -> Reference:
+    if not url.lower().startswith("oci://"):
+        raise UsageError("an OCI reference looks like oci://REGISTRY[:PORT]/REPOSITORY[:TAG]", url)
+    registry, _, rest = url[len("oci://"):].partition("/")
+    if not registry or not rest:
+        raise UsageError("an OCI reference looks like oci://REGISTRY[:PORT]/REPOSITORY[:TAG]", url)
+    repository, _, digest = rest.partition("@")
+    tag = None
+    if digest:
+        if not _DIGEST.fullmatch(digest):
+            raise UsageError(f"not a sha256 digest: {digest!r}", url)
+    else:
+        head, colon, last = repository.rpartition(":")
+        if colon and "/" not in last:
+            repository, tag = head, last
+        tag = tag or "latest"
+        if not _TAG.fullmatch(tag):
+            raise UsageError(f"not a valid tag: {tag!r}", url)
+    if not _REPOSITORY.fullmatch(repository):
+        raise UsageError(f"not a valid repository name (lowercase, / separated): {repository!r}", url)
+    return Reference(registry, repository, tag, digest or None)
+
+
+def annotations(info: ArchiveInfo, entries: tuple[Entry, ...], digest: str) -> dict[str, str]:
+    """What a scheduler needs to choose an artifact, all from the archive's index."""
+    groups = [e for e in entries if e.kind == GROUP]
+    targets = sorted({e.kernel.target for e in groups if e.kernel and e.kernel.backend})
+    versions = sorted({e.kernel.triton_version for e in groups if e.kernel and e.kernel.triton_version})
+    if not versions and info.triton:
+        versions = [info.triton.version]
+    result = {
+        PREFIX + "format": "{}.{}".format(*info.format_version),
+        PREFIX + "targets": ",".join(targets),
+        PREFIX + "triton.version": ",".join(versions),
+        PREFIX + "kernels": str(len(groups)),
+        PREFIX + "entries": str(len(entries)),
+        PREFIX + "index.sha256": digest,
+    }
+    if info.triton and info.triton.key_sha256:
+        result[PREFIX + "triton.key-sha256"] = info.triton.key_sha256
+    if info.python:
+        result[PREFIX + "python"] = info.python.cache_tag or f"{info.python.implementation}-{info.python.version}"
+    return result
+
+
+@dataclass
+class PushResult:
+    archive: str
+    reference: str
+    digest: str  # the manifest's, as the registry computed it
+    size: int
+    annotations: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (f"pushed {self.archive} ({human_bytes(self.size)}) to {self.reference} in {self.seconds:.2f} s: "
+                f"{self.digest}")
+
+    def notes(self) -> list[str]:
+        return []
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PullResult:
+    reference: str
+    output: str
+    digest: str  # the layer's: the archive file's sha256
+    size: int
+    annotations: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return f"pulled {self.reference} ({human_bytes(self.size)}) in {self.seconds:.2f} s -> {self.output}"
+
+    def notes(self) -> list[str]:
+        return []
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _client(ref: Reference, plain_http: bool | None):
+    """An oras client; plain HTTP when asked, and by default for loopback registries only (as docker does)."""
+    try:
+        import oras.client
+    except ImportError:
+        raise UsageError("OCI registries need the oras package: pip install 'tritonpack[oci]'", str(ref)) from None
+    return oras.client.OrasClient(hostname=ref.registry, insecure=ref.loopback if plain_http is None else plain_http)
+
+
+@contextlib.contextmanager
+def _remote(ref: Reference) -> Iterator[None]:
+    """The registry's and the HTTP client's errors as one ``RemoteError`` line naming the reference."""
+    import requests
+
+    try:
+        yield
+    except TpackError:
+        raise
+    except requests.exceptions.SSLError as e:
+        raise RemoteError(f"TLS error talking to {ref.registry} ({type(e).__name__}); a registry that speaks "
+                          "plain HTTP needs --plain-http", str(ref)) from None
+    except requests.exceptions.ConnectionError as e:
+        reason = e.args[0] if e.args else e
+        reason = getattr(reason, "reason", reason)
+        raise RemoteError(f"cannot connect to registry {ref.registry}: {' '.join(str(reason).split())}",
+                          str(ref)) from None
+    except (requests.exceptions.RequestException, ValueError) as e:
+        raise RemoteError(" ".join(str(e).split()), str(ref)) from None
+    except OSError as e:  # writing the pulled file
+        raise UsageError(f"cannot write: {e.strerror}", e.filename or str(ref)) from None
+    except Exception as e:  # oras' own (authentication) errors
+        raise RemoteError(f"{type(e).__name__}: {' '.join(str(e).split())}", str(ref)) from None
+
+
+def _status(response, ref: Reference, what: str) -> None:
+    if response.status_code in (200, 201, 202):
+        return
+    try:
+        errors = "; ".join(e.get("message", "") for e in response.json().get("errors", []))
+    except ValueError:
+        errors = ""
+    raise RemoteError(f"{what}: HTTP {response.status_code} {response.reason}" + (f" ({errors})" if errors else ""),
+                      str(ref))
+
+
+def _ping(client, ref: Reference) -> None:
+    """``GET /v2/`` once, without oras' retries, so that an unreachable registry fails at once."""
+    response = client.session.get(f"{client.prefix}://{ref.registry}/v2/", timeout=30)
+    if response.status_code not in (200, 401):
+        raise RemoteError(f"not an OCI registry (GET /v2/ answered HTTP {response.status_code})", str(ref))
+
+
+def _sha256_file(path: str) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return "sha256:" + digest.hexdigest(), size
+
+
+def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None = None) -> PushResult:
+    """Push a local archive as an OCI artifact; its index (read first, so a bad archive is never pushed) gives the
+    manifest's annotations."""
+    start = time.perf_counter()
+    ref = parse_reference(reference)
+    path = os.fspath(archive)
+    if scheme_of(path):
+        raise UsageError("push needs a local archive file", path)
+    with ArchiveReader(path) as reader:
+        notes = annotations(reader.info, reader.entries, reader.digest)
+    digest, size = _sha256_file(path)
+    layer = {"mediaType": LAYER_MEDIA_TYPE, "digest": digest, "size": size,
+             "annotations": {TITLE: os.path.basename(path)}}
+    manifest = {"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE, "artifactType": ARTIFACT_TYPE,
+                "config": EMPTY_CONFIG, "layers": [layer], "annotations": notes}
+    client = _client(ref, plain_http)
+    with _remote(ref), tempfile.TemporaryDirectory(prefix="tritonpack-oci-") as tmp:
+        container = client.get_container(ref.target)
+        client.auth.load_configs(container)
+        _ping(client, ref)
+        _status(client.upload_blob(path, container, layer), ref, "uploading the archive")
+        config = os.path.join(tmp, "config.json")
+        with open(config, "wb") as f:
+            f.write(b"{}")
+        _status(client.upload_blob(config, container, EMPTY_CONFIG), ref, "uploading the empty config")
+        response = client.upload_manifest(manifest, container)
+        _status(response, ref, "uploading the manifest")
+    return PushResult(archive=path, reference=str(ref), digest=response.headers.get("Docker-Content-Digest", ""),
+                      size=size, annotations=notes, seconds=time.perf_counter() - start)
+
+
+def fetch_manifest(reference: str, *, plain_http: bool | None = None) -> dict:
+    """The artifact's manifest (annotations included), without pulling the archive."""
+    ref = parse_reference(reference)
+    client = _client(ref, plain_http)
+    with _remote(ref):
+        return _manifest(client, ref)
+
+
+def _manifest(client, ref: Reference) -> dict:
+    container = client.get_container(ref.target)
+    client.auth.load_configs(container)
+    _ping(client, ref)
+    response = client.do_request(f"{client.prefix}://{container.manifest_url()}", "GET",
+                                 headers={"Accept": MANIFEST_MEDIA_TYPE})
+    if response.status_code == 404:
+        raise UsageError("no such artifact in the registry", str(ref))
+    _status(response, ref, "reading the manifest")
+    return response.json()
+
+
+def _archive_layer(manifest: dict, ref: Reference) -> dict:
+    layers = [layer for layer in manifest.get("layers") or [] if layer.get("mediaType") == LAYER_MEDIA_TYPE]
+    if len(layers) != 1:
+        kind = manifest.get("artifactType") or (manifest.get("config") or {}).get("mediaType") or "unknown"
+        raise UsageError(f"not a tritonpack artifact (artifact type {kind}, {len(layers)} archive layers)",
+                         str(ref))
+    layer = layers[0]
+    if not _DIGEST.fullmatch(str(layer.get("digest"))) or not isinstance(layer.get("size"), int):
+        raise RemoteError("the manifest's archive layer has no valid sha256 digest and size", str(ref))
+    return layer
+
+
+def _default_output(layer: dict) -> str:
+    title = os.path.basename(str((layer.get("annotations") or {}).get(TITLE) or ""))
+    return title if title not in ("", ".", "..") and not title.startswith(".") else DEFAULT_NAME
+
+
+def _download(client, ref: Reference, layer: dict, output: str) -> None:
+    """Stream the layer into a temp file beside ``output``, check its sha256 and size, then move it in."""
+    directory = os.path.dirname(os.path.abspath(output))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tpack-", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise UsageError(f"cannot write: {e.strerror}", output) from None
+    try:
+        digest, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as f, client.get_blob(client.get_container(ref.target), layer["digest"],
+                                                       stream=True) as response:
+            _status(response, ref, "downloading the archive")
+            for chunk in response.iter_content(chunk_size=1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+                f.write(chunk)
+        if "sha256:" + digest.hexdigest() != layer["digest"] or size != layer["size"]:
+            raise RemoteError("the downloaded archive does not match the manifest's digest", str(ref))
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def pull(reference: str, output: str | os.PathLike | None = None, *, plain_http: bool | None = None) -> PullResult:
+    """Pull an archive artifact to ``output`` (default: the name it was pushed under, in the current directory),
+    checked against the manifest's digest and written atomically."""
+    start = time.perf_counter()
+    ref = parse_reference(reference)
+    client = _client(ref, plain_http)
+    with _remote(ref):
+        manifest = _manifest(client, ref)
+        layer = _archive_layer(manifest, ref)
+        path = os.fspath(output) if output is not None else _default_output(layer)
+        _download(client, ref, layer, path)
+    return PullResult(reference=str(ref), output=path, digest=layer["digest"], size=layer["size"],
+                      annotations=manifest.get("annotations") or {}, seconds=time.perf_counter() - start)
+
+
+class _PulledFile(LocalFile):
+    """An archive pulled into a private temp directory, removed on close."""
+
+    def __init__(self, path: str, directory: str, name: str):
+        super().__init__(path)
+        self._directory = directory
+        self.name = name
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def pull_to_temp(reference: str) -> LocalFile:
+    """Pull to a temp file for reading (``unpack``/``list``/``check oci://...``); gone when the source closes."""
+    directory = tempfile.mkdtemp(prefix="tritonpack-oci-")
+    try:
+        result = pull(reference, os.path.join(directory, DEFAULT_NAME))
+        return _PulledFile(result.output, directory, result.reference)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
