@@ -10,16 +10,18 @@ from .errors import (
     CacheError,
     IncompatibleError,
     IntegrityError,
+    RecordError,
     TpackError,
     UnsupportedFormatError,
     UsageError,
 )
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
+from .record import RecordResult, record
 from .report import PackResult, UnpackResult
 
 __all__ = [
-    "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment",
+    "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment", "record", "RecordResult",
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
-    "IntegrityError", "CacheError", "IncompatibleError",
+    "IntegrityError", "CacheError", "IncompatibleError", "RecordError",
 ]

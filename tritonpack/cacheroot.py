@@ -289,4 +289,20 @@ def scan_cache(root: str) -> CacheScan:
     return scan
 
 
-__all__ = ["CacheScan", "LocalEntry", "LocalFile", "Skipped", "scan_cache", "kernel_info", "manifest_name"]
+def scan_keys(root: str, keys) -> CacheScan:
+    """Only the named key directories of ``root`` (what a recorded run used), not the whole root."""
+    scan = CacheScan(root=root)
+    for key in sorted(set(keys)):
+        key_dir = os.path.join(root, key)
+        if not KEY_PATTERN.fullmatch(key) or os.path.islink(key_dir) or not os.path.isdir(key_dir):
+            scan.skipped.append(Skipped(key, "no longer in the cache"))
+            continue
+        try:
+            _scan_key_dir(root, key, scan)
+        except OSError as e:
+            scan.skipped.append(Skipped(key, f"unreadable: {e.strerror}"))
+    return scan
+
+
+__all__ = ["CacheScan", "LocalEntry", "LocalFile", "Skipped", "scan_cache", "scan_keys", "kernel_info",
+           "manifest_name"]

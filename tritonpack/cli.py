@@ -13,6 +13,7 @@ from .errors import (
     ArchiveError,
     CacheError,
     IncompatibleError,
+    RecordError,
     TpackError,
     UsageError,
 )
@@ -24,6 +25,7 @@ EXIT_CODES: list[tuple[type[TpackError], int]] = [
     (ArchiveError, 3),
     (CacheError, 4),
     (IncompatibleError, 5),
+    (RecordError, 7),
     (TpackError, 1),
 ]
 
@@ -187,6 +189,36 @@ def list_(
             typer.echo(json.dumps(doc, indent=2))
         else:
             typer.echo(render_table(reader.info, reader.entries, archive))
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def record(
+    command: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to run, after --."),
+    output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
+    level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
+    allow_failure: bool = typer.Option(False, "--allow-failure",
+                                       help="Pack what the command used even if it exits with an error."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's stdout then goes "
+                                                       "to stderr, so that stdout is one JSON document)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Run a command and pack exactly the Triton cache entries it used.
+
+    Kernels it loaded or compiled, autotune results and launcher stubs, from whichever cache roots it used
+    (TRITON_CACHE_DIR set by the command, PyTorch Inductor's own root); through shell scripts and child
+    processes too. A TRITON_CACHE_MANAGER of your own keeps working: the recording extends it.
+
+    Exit status 7 if the command fails (nothing is packed) or used no Triton cache entry.
+
+    Example: tritonpack record -o kernels.tpack -- python warmup.py --model llama
+
+    Example: tritonpack record -o kernels.tpack -- bash serve_smoke_test.sh
+    """
+    from .record import record as record_command
+
+    result = record_command(command, output, level=level, allow_failure=allow_failure,
+                            stdout=2 if as_json else None)  # fd 2: stderr
+    _emit(result, as_json, quiet)
 
 
 def _version(value: bool) -> None:

@@ -39,3 +39,8 @@ class CacheError(TpackError):
 
 class IncompatibleError(TpackError):
     """No entry of the archive would be used by the local Triton (see ``check``)."""
+
+
+class RecordError(TpackError):
+    """``record`` has nothing honest to pack: the command failed, or it used no Triton cache entry."""
+
