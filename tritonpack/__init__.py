@@ -8,6 +8,7 @@ from .archive.reader import ArchiveReader
 from .errors import (
     ArchiveError,
     CacheError,
+    ConflictError,
     IncompatibleError,
     IntegrityError,
     RecordError,
@@ -15,13 +16,15 @@ from .errors import (
     UnsupportedFormatError,
     UsageError,
 )
+from .merge import MergeResult, merge
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
 from .record import RecordResult, record
 from .report import PackResult, UnpackResult
 
 __all__ = [
     "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment", "record", "RecordResult",
+    "merge", "MergeResult",
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
-    "IntegrityError", "CacheError", "IncompatibleError", "RecordError",
+    "IntegrityError", "CacheError", "IncompatibleError", "RecordError", "ConflictError",
 ]

@@ -12,6 +12,7 @@ from .archive.format import DEFAULT_LEVEL
 from .errors import (
     ArchiveError,
     CacheError,
+    ConflictError,
     IncompatibleError,
     RecordError,
     TpackError,
@@ -26,6 +27,7 @@ EXIT_CODES: list[tuple[type[TpackError], int]] = [
     (CacheError, 4),
     (IncompatibleError, 5),
     (RecordError, 7),
+    (ConflictError, 8),
     (TpackError, 1),
 ]
 
@@ -218,6 +220,32 @@ def record(
 
     result = record_command(command, output, level=level, allow_failure=allow_failure,
                             stdout=2 if as_json else None)  # fd 2: stderr
+    _emit(result, as_json, quiet)
+
+
+@app.command()
+def merge(
+    archives: list[str] = typer.Argument(..., help="The archives to merge."),
+    output: str = typer.Option(..., "-o", "--output", help="Archive to write (may be one of the inputs)."),
+    prefer: str | None = typer.Option(None, "--prefer", metavar="first|last",
+                                      help="On a conflict (same key, kind and name, different files) keep the "
+                                           "entry of the first or the last archive that has it."),
+    level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Merge archives into one: every distinct entry once, identical entries stored once.
+
+    A conflict is an error (exit status 8) naming the key, unless --prefer says which archive wins. The
+    output records a packing Triton only as far as all inputs agree on it, so the preflight stays right.
+
+    Example: tritonpack merge llama.tpack mistral.tpack -o all.tpack
+
+    Example: tritonpack merge base.tpack hotfix.tpack --prefer last -o kernels.tpack
+    """
+    from .merge import merge as merge_archives
+
+    result = merge_archives(archives, output, prefer=prefer, level=level)
     _emit(result, as_json, quiet)
 
 

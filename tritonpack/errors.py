@@ -44,3 +44,6 @@ class IncompatibleError(TpackError):
 class RecordError(TpackError):
     """``record`` has nothing honest to pack: the command failed, or it used no Triton cache entry."""
 
+
+class ConflictError(TpackError):
+    """Archives to merge hold the same entry with different contents, and no preference was given."""
