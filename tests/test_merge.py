@@ -14,7 +14,7 @@ import tritonpack  # noqa: E402
 from tritonpack.archive.writer import write_archive  # noqa: E402
 from tritonpack.cacheroot import scan_cache  # noqa: E402
 from tritonpack.cli import main  # noqa: E402
-from tritonpack.merge import merged_info  # noqa: E402
+from tritonpack.merging import merged_info  # noqa: E402
 from tritonpack.model import ArchiveInfo, PythonInfo, TritonInfo  # noqa: E402
 
 

@@ -18,7 +18,7 @@ from kernels import SOURCES, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
 from tritonpack.cli import main  # noqa: E402
-from tritonpack.record import CHAIN_ENV, HOOK_SPEC, LOG_ENV, hook_environment, parse_log  # noqa: E402
+from tritonpack.recording import CHAIN_ENV, HOOK_SPEC, LOG_ENV, hook_environment, parse_log  # noqa: E402
 
 TESTS = str(Path(__file__).resolve().parent)
 

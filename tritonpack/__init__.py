@@ -16,9 +16,9 @@ from .errors import (
     UnsupportedFormatError,
     UsageError,
 )
-from .merge import MergeResult, merge
+from .merging import MergeResult, merge
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
-from .record import RecordResult, record
+from .recording import RecordResult, record
 from .report import PackResult, UnpackResult
 
 __all__ = [

@@ -216,7 +216,7 @@ def record(
 
     Example: tritonpack record -o kernels.tpack -- bash serve_smoke_test.sh
     """
-    from .record import record as record_command
+    from .recording import record as record_command
 
     result = record_command(command, output, level=level, allow_failure=allow_failure,
                             stdout=2 if as_json else None)  # fd 2: stderr
@@ -243,7 +243,7 @@ def merge(
 
     Example: tritonpack merge base.tpack hotfix.tpack --prefer last -o kernels.tpack
     """
-    from .merge import merge as merge_archives
+    from .merging import merge as merge_archives
 
     result = merge_archives(archives, output, prefer=prefer, level=level)
     _emit(result, as_json, quiet)
