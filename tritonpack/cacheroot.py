@@ -24,6 +24,7 @@ AUTOTUNE_SUFFIX = ".autotune.json"
 # Files only a compile writes; seen without a manifest they mean an interrupted compile.
 KERNEL_SUFFIXES = (".json", ".source", ".ttir", ".ttgir", ".llir", ".ptx", ".cubin", ".amdgcn", ".hsaco", ".glir")
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+TOOL_DIR = ".tritonpack"  # tritonpack's own bookkeeping in a root (ensure's stamps and lock): not cache content
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,8 @@ def scan_cache(root: str) -> CacheScan:
     except OSError as e:
         raise CacheError(f"cannot read: {e.strerror}", root) from e
     for item in items:
+        if item.name == TOOL_DIR:
+            continue
         if item.name.startswith("tmp."):
             scan.skipped.append(Skipped(item.name, "temporary file of an unfinished write"))
         elif item.is_symlink():

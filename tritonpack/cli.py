@@ -193,6 +193,30 @@ def list_(
             typer.echo(render_table(reader.info, reader.entries, archive))
 
 
+@app.command()
+def ensure(
+    archive: str = typer.Argument(..., help="The .tpack archive."),
+    cache_dir: str | None = typer.Option(
+        None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
+    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
+                                     "visible GPUs, e.g. cuda:90."),
+    strict: bool = typer.Option(False, "--strict", help="Exit with status 5 when no entry would be used here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Unpack once: a no-op in about a millisecond when already done, safe when many processes run it at once.
+
+    The first run unpacks (usable entries only, as unpack) and leaves a stamp in <root>/.tritonpack keyed by
+    the archive and the environment; later runs find it. Concurrent runs wait for the one that unpacks. When no
+    entry would be used here nothing is written and the exit status is still 0 (5 with --strict).
+
+    Example: tritonpack ensure /models/llama/kernels.tpack && exec python serve.py
+    """
+    from .ensuring import ensure as ensure_archive
+
+    _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict), as_json, quiet)
+
+
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 def record(
     command: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to run, after --."),
