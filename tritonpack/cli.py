@@ -39,7 +39,7 @@ ClickException = _CLICK_ERRORS["ClickException"]
 app = typer.Typer(
     name="tritonpack",
     help="Portable Triton kernel caches: pack a cache into one .tpack archive, unpack it under any root.",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -108,7 +108,7 @@ def unpack(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Unpack an archive under a cache root, with manifests that point into that root, so Triton hits.
+    """Unpack an archive under a cache root, with manifests pointing into that root, so Triton hits.
 
     Runs the preflight first (see `check`): only entries this environment will use are written.
 
@@ -126,6 +126,7 @@ def check(
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
                                      "visible GPUs, e.g. cuda:90."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit status is the answer."),
 ) -> None:
     """Preflight: will this environment's Triton use the archive's entries, and if not, why. Writes nothing.
 
@@ -136,7 +137,7 @@ def check(
     report = api.check(archive, targets=target or None)
     if as_json:
         typer.echo(json.dumps(check_to_dict(report, archive), indent=2, default=str))
-    else:
+    elif not quiet:
         typer.echo(render_check(report, archive))
     if report.verdicts and not report.usable:
         raise typer.Exit(5)
@@ -154,6 +155,8 @@ def verify(
 
     Flags manifests that point into another root (copied caches), incomplete groups and unreadable manifests.
     Exit status 1 if anything is wrong.
+
+    Example: tritonpack verify /opt/triton-cache --json
     """
     report = api.verify(cache_dir)
     _emit(report, as_json, quiet)
@@ -167,8 +170,9 @@ def relocate(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Repair in place a cache copied with cp -r, rsync or docker COPY: point every manifest into its own
-    directory, where its files exist. Atomic per manifest, idempotent.
+    """Repair in place a cache copied with cp -r, rsync or docker COPY.
+
+    Points every manifest into its own directory, where its files exist. Atomic per manifest, idempotent.
 
     Example: tritonpack relocate /opt/triton-cache && tritonpack verify /opt/triton-cache
     """
@@ -182,9 +186,16 @@ def relocate(
 def list_(
     archive: str = typer.Argument(..., help="The .tpack archive."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document with an `entries` list."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit status says whether the "
+                                                            "archive's index is valid (0) or not (3)."),
 ) -> None:
-    """List the kernels, autotune results and other files of an archive (reads the index only)."""
+    """List the kernels, autotune results and other files of an archive (reads the index only).
+
+    Example: tritonpack list kernels.tpack --json | jq '.entries[] | select(.kind == "group") | .name'
+    """
     with api.open(archive) as reader:
+        if quiet:
+            return
         if as_json:
             doc = {"archive": archive, **info_to_dict(reader.info, reader.digest),
                    "entries": [entry_to_dict(e) for e in reader.entries]}
