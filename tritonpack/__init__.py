@@ -1,6 +1,8 @@
 """tritonpack: portable Triton kernel caches."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 __version__ = "1.0.0"
 
 from .api import check, environment, open, pack, relocate, unpack, verify
@@ -17,10 +19,24 @@ from .errors import (
     UnsupportedFormatError,
     UsageError,
 )
-from .merging import MergeResult, merge
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
-from .recording import RecordResult, record
 from .report import PackResult, UnpackResult
+
+if TYPE_CHECKING:
+    from .merging import MergeResult, merge
+    from .recording import RecordResult, record
+
+# Loaded on first use: model-loading code that only calls ensure() or unpack() does not pay for them.
+_LAZY = {"record": "recording", "RecordResult": "recording", "merge": "merging", "MergeResult": "merging"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment", "record", "merge",
