@@ -47,6 +47,14 @@ AUTOTUNE = textwrap.dedent("""
                                                                    [0.5]]]}), "my_matmul.autotune.json")
 """)
 
+# Removes the cuda:90 softmax group's manifest, as a cache cleaner would while the run goes on.
+CLEAN_SOFTMAX_CUDA90 = textwrap.dedent("""
+    import glob, os
+    for manifest in glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "__grp__softmax_kernel.json")):
+        if '"cuda", "arch": 90' in open(manifest.replace("__grp__", "")).read():
+            os.unlink(manifest)
+""")
+
 
 def groups_of(archive) -> set[tuple[str, str]]:
     with tritonpack.open(archive) as reader:
@@ -131,6 +139,17 @@ def test_failing_command_packs_nothing_unless_allowed(tmp_path, full_root, monke
     assert main(["record", "-o", str(out), "--", sys.executable, "-c", "pass"]) == 7
     assert "used no Triton cache entry" in capsys.readouterr().err
     assert main(["record", "-o", str(out), "--", str(tmp_path / "no-such-program")]) == 2
+
+
+def test_what_was_used_but_cannot_be_packed_is_reported(tmp_path, full_root, monkeypatch, capsys):
+    script = tmp_path / "use_then_clean.py"
+    script.write_text(COMPILE.replace("sys.exit(", CLEAN_SOFTMAX_CUDA90 + "sys.exit("))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(full_root))
+    out = tmp_path / "k.tpack"
+    assert main(["record", "-o", str(out), "--", sys.executable, str(script), "0,1"]) == 0
+    err = capsys.readouterr().err
+    assert "used but not packed, 1: incomplete group: no manifest for" in err and "softmax_kernel" in err
+    assert groups_of(out) == {("add_kernel", "cuda:90")}
 
 
 def test_users_own_cache_manager_is_extended_or_reported(tmp_path, full_root, monkeypatch):
