@@ -215,7 +215,7 @@ def ensure(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Unpack once: a no-op in about a millisecond when already done, safe when many processes run it at once.
+    """Unpack once: about a millisecond when already done, safe when many processes run it at once.
 
     The first run unpacks (usable entries only, as unpack) and leaves a stamp in <root>/.tritonpack keyed by
     the archive and the environment; later runs find it. Concurrent runs wait for the one that unpacks. When no
@@ -243,7 +243,8 @@ def record(
 
     Kernels it loaded or compiled, autotune results and launcher stubs, from whichever cache roots it used
     (TRITON_CACHE_DIR set by the command, PyTorch Inductor's own root); through shell scripts and child
-    processes too. A TRITON_CACHE_MANAGER of your own keeps working: the recording extends it.
+    processes too. A TRITON_CACHE_MANAGER of your own keeps working (a FileCacheManager subclass is
+    extended and recorded; any other is reported).
 
     Exit status 7 if the command fails (nothing is packed) or used no Triton cache entry.
 
