@@ -40,6 +40,7 @@ app = typer.Typer(
     name="tritonpack",
     help="Portable Triton kernel caches: pack a cache into one .tpack archive, unpack it under any root.",
     add_completion=True,
+    rich_markup_mode="markdown",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -217,7 +218,7 @@ def ensure(
 ) -> None:
     """Unpack once: about a millisecond when already done, safe when many processes run it at once.
 
-    The first run unpacks (usable entries only, as unpack) and leaves a stamp in <root>/.tritonpack keyed by
+    The first run unpacks (usable entries only, as unpack) and leaves a stamp in ROOT/.tritonpack keyed by
     the archive and the environment; later runs find it. Concurrent runs wait for the one that unpacks. When no
     entry would be used here nothing is written and the exit status is still 0 (5 with --strict).
 
