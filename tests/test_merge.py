@@ -12,10 +12,10 @@ from kernels import HAS_LISTENER, compile_all  # noqa: E402
 
 import tritonpack  # noqa: E402
 from tritonpack.archive.writer import write_archive  # noqa: E402
-from tritonpack.cacheroot import scan_cache  # noqa: E402
+from tritonpack.cacheroot import LocalEntry, scan_cache  # noqa: E402
 from tritonpack.cli import main  # noqa: E402
 from tritonpack.merging import merged_info  # noqa: E402
-from tritonpack.model import ArchiveInfo, PythonInfo, TritonInfo  # noqa: E402
+from tritonpack.model import FILE, ArchiveInfo, PythonInfo, StubInfo, TritonInfo  # noqa: E402
 
 
 def subset_root(src, dst, keys):
@@ -88,6 +88,21 @@ def test_conflict_is_an_error_naming_the_key_unless_prefer(tmp_path, compiled_ro
     assert len(last.conflicts) == 1 and contents(out) == contents(patched)
     assert str(patched) in last.conflicts[0]
     assert main(["merge", str(whole), "-o", str(out), "--prefer", "middle"]) == 2
+
+
+def test_two_entries_claiming_one_file_are_refused_and_output_may_be_an_input(tmp_path, compiled_root, halves):
+    _, _, whole = halves
+    group = next(e for e in scan_cache(str(compiled_root)).entries if e.kind == "group")
+    metadata = next(f for f in group.files if f.name == f"{group.name}.json")
+    loose = LocalEntry(FILE, group.key, metadata.name, (metadata,), stub=StubInfo("other"))
+    with tritonpack.open(whole) as reader:
+        write_archive(str(tmp_path / "loose.tpack"), [loose], reader.info)
+    with pytest.raises(tritonpack.ConflictError, match=f"{group.key}/{metadata.name} is claimed by group"):
+        tritonpack.merge([whole, tmp_path / "loose.tpack"], tmp_path / "m.tpack")
+    copy = tmp_path / "copy.tpack"
+    shutil.copyfile(whole, copy)
+    tritonpack.merge([copy, whole], copy)  # written beside, then moved over the input it read
+    assert copy.read_bytes() == whole.read_bytes()
 
 
 def test_each_block_is_decoded_once_and_memory_stays_bounded(tmp_path, compiled_root):

@@ -139,6 +139,9 @@ def test_failing_command_packs_nothing_unless_allowed(tmp_path, full_root, monke
     assert main(["record", "-o", str(out), "--", sys.executable, "-c", "pass"]) == 7
     assert "used no Triton cache entry" in capsys.readouterr().err
     assert main(["record", "-o", str(out), "--", str(tmp_path / "no-such-program")]) == 2
+    marker = tmp_path / "ran"
+    assert main(["record", "-o", str(tmp_path / "no" / "dir.tpack"), "--", "touch", str(marker)]) == 2
+    assert not marker.exists(), "an output that cannot be written is refused before the command runs"
 
 
 def test_what_was_used_but_cannot_be_packed_is_reported(tmp_path, full_root, monkeypatch, capsys):

@@ -340,6 +340,9 @@ def record(
         raise UsageError("no command to record (tritonpack record -o OUT.tpack -- CMD [ARGS...])")
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
+    directory = os.path.dirname(os.path.abspath(os.fspath(output)))
+    if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        raise UsageError("cannot write the archive there (checked before running the command)", os.fspath(output))
     created = _created()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tritonpack-record-") as work:
