@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -90,3 +91,40 @@ def test_wrong_arguments(tmp_path, capsys):
 def test_version():
     out = run("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"tritonpack {tritonpack.__version__}"
+
+
+def _commands():
+    import typer
+
+    from tritonpack.cli import app
+
+    return typer.main.get_command(app).commands
+
+
+def test_every_command_reports_as_json_or_quietly_and_has_an_example():
+    commands = _commands()
+    assert set(commands) == {"pack", "unpack", "check", "verify", "relocate", "list", "ensure", "record", "merge",
+                             "push", "pull"}
+    for name, command in commands.items():
+        options = {opt for param in command.params for opt in param.opts}
+        assert {"--json", "-q", "--quiet"} <= options, name
+        assert "Example: " in command.help and f"tritonpack {name}" in command.help, name
+        assert "\n" not in command.help.split("\n\n")[0], f"{name}: the summary is one line"
+
+
+def test_quiet_check_and_list_answer_by_exit_status(archive, tmp_path, capsys):
+    assert main(["check", str(archive), "-q", "--target", "cuda:80"]) in (5, 6)  # its kernels are for cuda:90
+    assert main(["list", str(archive), "-q"]) == 0
+    assert capsys.readouterr().out == ""
+    (tmp_path / "bad.tpack").write_bytes(b"nope")
+    assert main(["list", str(tmp_path / "bad.tpack"), "-q"]) == 3
+
+
+def test_shell_completion(tmp_path):
+    help_text = run("--help").stdout
+    assert "--install-completion" in help_text and "--show-completion" in help_text
+    env = {**os.environ, "_TRITONPACK_COMPLETE": "complete_bash", "COMP_WORDS": "tritonpack me", "COMP_CWORD": "1"}
+    out = run(env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["merge"]
+    env.update(COMP_WORDS="tritonpack merge --pr", COMP_CWORD="2")
+    assert run(env=env).stdout.split() == ["--prefer"]

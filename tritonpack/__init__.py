@@ -1,15 +1,20 @@
 """tritonpack: portable Triton kernel caches."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 __version__ = "1.0.0"
 
 from .api import check, environment, open, pack, relocate, unpack, verify
 from .archive.reader import ArchiveReader
+from .ensuring import EnsureResult, ensure
 from .errors import (
     ArchiveError,
     CacheError,
+    ConflictError,
     IncompatibleError,
     IntegrityError,
+    RecordError,
     RemoteError,
     TpackError,
     UnsupportedFormatError,
@@ -20,10 +25,27 @@ from .oci import pull, push
 from .redis_cache import unpack_to_redis
 from .report import PackResult, UnpackResult
 
+if TYPE_CHECKING:
+    from .merging import MergeResult, merge
+    from .recording import RecordResult, record
+
+# Loaded on first use: model-loading code that only calls ensure() or unpack() does not pay for them.
+_LAZY = {"record": "recording", "RecordResult": "recording", "merge": "merging", "MergeResult": "merging"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment",
+    "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment", "record", "merge",
+    "ensure", "RecordResult", "MergeResult", "EnsureResult",
     "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
     "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
-    "IntegrityError", "CacheError", "IncompatibleError",
-    "push", "pull", "unpack_to_redis", "RemoteError",
+    "IntegrityError", "CacheError", "IncompatibleError", "RecordError", "ConflictError", "RemoteError",
+    "push", "pull", "unpack_to_redis",
 ]

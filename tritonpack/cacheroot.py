@@ -24,6 +24,7 @@ AUTOTUNE_SUFFIX = ".autotune.json"
 # Files only a compile writes; seen without a manifest they mean an interrupted compile.
 KERNEL_SUFFIXES = (".json", ".source", ".ttir", ".ttgir", ".llir", ".ptx", ".cubin", ".amdgcn", ".hsaco", ".glir")
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+TOOL_DIR = ".tritonpack"  # tritonpack's own bookkeeping in a root (ensure's stamps and lock): not cache content
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,8 @@ def scan_cache(root: str) -> CacheScan:
     except OSError as e:
         raise CacheError(f"cannot read: {e.strerror}", root) from e
     for item in items:
+        if item.name == TOOL_DIR:
+            continue
         if item.name.startswith("tmp."):
             scan.skipped.append(Skipped(item.name, "temporary file of an unfinished write"))
         elif item.is_symlink():
@@ -289,4 +292,20 @@ def scan_cache(root: str) -> CacheScan:
     return scan
 
 
-__all__ = ["CacheScan", "LocalEntry", "LocalFile", "Skipped", "scan_cache", "kernel_info", "manifest_name"]
+def scan_keys(root: str, keys) -> CacheScan:
+    """Only the named key directories of ``root`` (what a recorded run used), not the whole root."""
+    scan = CacheScan(root=root)
+    for key in sorted(set(keys)):
+        key_dir = os.path.join(root, key)
+        if not KEY_PATTERN.fullmatch(key) or os.path.islink(key_dir) or not os.path.isdir(key_dir):
+            scan.skipped.append(Skipped(key, "no longer in the cache"))
+            continue
+        try:
+            _scan_key_dir(root, key, scan)
+        except OSError as e:
+            scan.skipped.append(Skipped(key, f"unreadable: {e.strerror}"))
+    return scan
+
+
+__all__ = ["CacheScan", "LocalEntry", "LocalFile", "Skipped", "scan_cache", "scan_keys", "kernel_info",
+           "manifest_name"]

@@ -12,7 +12,9 @@ from .archive.format import DEFAULT_LEVEL
 from .errors import (
     ArchiveError,
     CacheError,
+    ConflictError,
     IncompatibleError,
+    RecordError,
     RemoteError,
     TpackError,
     UsageError,
@@ -27,6 +29,8 @@ EXIT_CODES: list[tuple[type[TpackError], int]] = [
     (CacheError, 4),
     (IncompatibleError, 5),
     (RemoteError, 7),
+    (RecordError, 8),
+    (ConflictError, 9),
     (TpackError, 1),
 ]
 
@@ -38,7 +42,8 @@ ClickException = _CLICK_ERRORS["ClickException"]
 app = typer.Typer(
     name="tritonpack",
     help="Portable Triton kernel caches: pack a cache into one .tpack archive, unpack it under any root.",
-    add_completion=False,
+    add_completion=True,
+    rich_markup_mode="markdown",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -129,7 +134,7 @@ def unpack(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Unpack an archive under a cache root, with manifests that point into that root, so Triton hits.
+    """Unpack an archive under a cache root, with manifests pointing into that root, so Triton hits.
 
     Runs the preflight first (see `check`): only entries this environment will use are written.
 
@@ -158,6 +163,7 @@ def check(
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
                                      "visible GPUs, e.g. cuda:90."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit status is the answer."),
 ) -> None:
     """Preflight: will this environment's Triton use the archive's entries, and if not, why. Writes nothing.
 
@@ -168,7 +174,7 @@ def check(
     report = api.check(archive, targets=target or None)
     if as_json:
         typer.echo(json.dumps(check_to_dict(report, archive), indent=2, default=str))
-    else:
+    elif not quiet:
         typer.echo(render_check(report, archive))
     if report.verdicts and not report.usable:
         raise typer.Exit(5)
@@ -186,6 +192,8 @@ def verify(
 
     Flags manifests that point into another root (copied caches), incomplete groups and unreadable manifests.
     Exit status 1 if anything is wrong.
+
+    Example: tritonpack verify /opt/triton-cache --json
     """
     report = api.verify(cache_dir)
     _emit(report, as_json, quiet)
@@ -199,8 +207,9 @@ def relocate(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Repair in place a cache copied with cp -r, rsync or docker COPY: point every manifest into its own
-    directory, where its files exist. Atomic per manifest, idempotent.
+    """Repair in place a cache copied with cp -r, rsync or docker COPY.
+
+    Points every manifest into its own directory, where its files exist. Atomic per manifest, idempotent.
 
     Example: tritonpack relocate /opt/triton-cache && tritonpack verify /opt/triton-cache
     """
@@ -214,9 +223,16 @@ def relocate(
 def list_(
     archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON document with an `entries` list."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit status says whether the "
+                                                            "archive's index is valid (0) or not (3)."),
 ) -> None:
-    """List the kernels, autotune results and other files of an archive (reads the index only)."""
+    """List the kernels, autotune results and other files of an archive (reads the index only).
+
+    Example: tritonpack list kernels.tpack --json | jq '.entries[] | select(.kind == "group") | .name'
+    """
     with api.open(archive) as reader:
+        if quiet:
+            return
         if as_json:
             doc = {"archive": archive, **info_to_dict(reader.info, reader.digest),
                    "entries": [entry_to_dict(e) for e in reader.entries]}
@@ -236,8 +252,9 @@ def push(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Push an archive to an OCI registry as an ORAS artifact, described by manifest annotations (targets,
-    Triton version, kernels, index digest) that can be read without pulling it.
+    """Push an archive to an OCI registry as an ORAS artifact, with annotations that describe it.
+
+    The manifest's annotations (targets, Triton version, kernels, index digest) can be read without pulling it.
 
     Example: tritonpack push kernels.tpack oci://registry.example:5000/triton/kernels:h100-triton3.6
     """
@@ -262,6 +279,87 @@ def pull(
     from . import oci
 
     _emit(oci.pull(reference, output, plain_http=plain_http or None), as_json, quiet)
+
+
+@app.command()
+def ensure(
+    archive: str = typer.Argument(..., help="The .tpack archive."),
+    cache_dir: str | None = typer.Option(
+        None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
+    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
+                                     "visible GPUs, e.g. cuda:90."),
+    strict: bool = typer.Option(False, "--strict", help="Exit with status 5 when no entry would be used here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Unpack once: about a millisecond when already done, safe when many processes run it at once.
+
+    The first run unpacks (usable entries only, as unpack) and leaves a stamp in ROOT/.tritonpack keyed by
+    the archive and the environment; later runs find it. Concurrent runs wait for the one that unpacks. When no
+    entry would be used here nothing is written and the exit status is still 0 (5 with --strict).
+
+    Example: tritonpack ensure /models/llama/kernels.tpack && exec python serve.py
+    """
+    from .ensuring import ensure as ensure_archive
+
+    _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict), as_json, quiet)
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def record(
+    command: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to run, after --."),
+    output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
+    level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
+    allow_failure: bool = typer.Option(False, "--allow-failure",
+                                       help="Pack what the command used even if it exits with an error."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's stdout then goes "
+                                                       "to stderr, so that stdout is one JSON document)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Run a command and pack exactly the Triton cache entries it used.
+
+    Kernels it loaded or compiled, autotune results and launcher stubs, from whichever cache roots it used
+    (TRITON_CACHE_DIR set by the command, PyTorch Inductor's own root); through shell scripts and child
+    processes too. A TRITON_CACHE_MANAGER of your own keeps working (a FileCacheManager subclass is
+    extended and recorded; any other is reported).
+
+    Exit status 8 if the command fails (nothing is packed) or used no Triton cache entry.
+
+    Example: tritonpack record -o kernels.tpack -- python warmup.py --model llama
+
+    Example: tritonpack record -o kernels.tpack -- bash serve_smoke_test.sh
+    """
+    from .recording import record as record_command
+
+    result = record_command(command, output, level=level, allow_failure=allow_failure,
+                            stdout=2 if as_json else None)  # fd 2: stderr
+    _emit(result, as_json, quiet)
+
+
+@app.command()
+def merge(
+    archives: list[str] = typer.Argument(..., help="The archives to merge."),
+    output: str = typer.Option(..., "-o", "--output", help="Archive to write (may be one of the inputs)."),
+    prefer: str | None = typer.Option(None, "--prefer", metavar="first|last",
+                                      help="On a conflict (same key, kind and name, different files) keep the "
+                                           "entry of the first or the last archive that has it."),
+    level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
+) -> None:
+    """Merge archives into one: every distinct entry once, identical entries stored once.
+
+    A conflict is an error (exit status 9) naming the key, unless --prefer says which archive wins. The
+    output records a packing Triton only as far as all inputs agree on it, so the preflight stays right.
+
+    Example: tritonpack merge llama.tpack mistral.tpack -o all.tpack
+
+    Example: tritonpack merge base.tpack hotfix.tpack --prefer last -o kernels.tpack
+    """
+    from .merging import merge as merge_archives
+
+    result = merge_archives(archives, output, prefer=prefer, level=level)
+    _emit(result, as_json, quiet)
 
 
 def _version(value: bool) -> None:

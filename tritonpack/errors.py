@@ -44,3 +44,11 @@ class RemoteError(TpackError):
 
 class IncompatibleError(TpackError):
     """No entry of the archive would be used by the local Triton (see ``check``)."""
+
+
+class RecordError(TpackError):
+    """``record`` has nothing honest to pack: the command failed, or it used no Triton cache entry."""
+
+
+class ConflictError(TpackError):
+    """Archives to merge hold the same entry with different contents, and no preference was given."""

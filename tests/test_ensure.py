@@ -1,0 +1,141 @@
+"""ensure: unpack once, near-free afterwards, one writer among many concurrent processes, preflight honoured."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from conftest import FIXTURES, snapshot  # noqa: E402
+from kernels import HAS_LISTENER, compile_all  # noqa: E402
+
+import tritonpack  # noqa: E402
+from tritonpack.cli import main  # noqa: E402
+from tritonpack.ensuring import environment_key  # noqa: E402
+
+OTHER_VERSION = next((p for p in sorted((FIXTURES / "archives").glob("triton-*.tpack"))
+                      if p.stem.removeprefix("triton-") != triton.__version__), None)
+
+# Waits for the start gate, then calls ensure: every process arrives at (nearly) the same moment.
+RACER = textwrap.dedent("""
+    import json, os, sys, time
+    import tritonpack
+    archive, root, gate = sys.argv[1:4]
+    open(f"{gate}.ready.{os.getpid()}", "w").close()
+    while not os.path.exists(gate):
+        time.sleep(0.001)
+    result = tritonpack.ensure(archive, root)
+    print(json.dumps(result.to_dict()))
+""")
+
+
+@pytest.fixture()
+def archive(tmp_path, compiled_root):
+    path = tmp_path / "checkpoint" / "kernels.tpack"
+    path.parent.mkdir()
+    tritonpack.pack(compiled_root, path)
+    return path
+
+
+def test_first_call_unpacks_then_calls_are_near_free_and_write_nothing(tmp_path, archive):
+    root = tmp_path / "root"
+    first = tritonpack.ensure(archive, root)
+    assert first.status == "unpacked" and first.ok and not first.waited
+    assert first.written == first.usable == first.entries > 0
+    before = snapshot(root)
+    again = tritonpack.ensure(archive, root)
+    assert again.status == "present" and again.written == 0 and again.usable == first.usable
+    assert snapshot(root) == before
+    assert again.stamp == first.stamp and os.path.dirname(again.stamp) == str(root / ".tritonpack")
+    # The unpacked root is a plain Triton cache: hits, and the stamp directory is not cache content to pack.
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert tritonpack.pack(root, tmp_path / "again.tpack").skipped == []
+
+
+def test_many_processes_at_once_exactly_one_writes(tmp_path, archive):
+    root, gate = tmp_path / "root", tmp_path / "go"
+    tritonpack.check(archive)  # warm the fingerprint cache that every process shares
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(archive), str(root), str(gate)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    while len(list(tmp_path.glob("go.ready.*"))) < len(procs):  # all imported, all waiting at the gate
+        time.sleep(0.01)
+    gate.touch()
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    writers = [r for r in results if r["status"] == "unpacked"]
+    assert len(writers) == 1 and writers[0]["written"] == writers[0]["entries"]
+    assert all(r["status"] == "present" and r["written"] == 0 for r in results if r not in writers)
+    alone = tmp_path / "alone"
+    tritonpack.unpack(archive, alone)
+    assert {p.relative_to(alone) for p in alone.rglob("*")} == \
+        {p.relative_to(root) for p in root.rglob("*") if ".tritonpack" not in p.parts}
+
+
+def test_a_caller_waits_for_the_lock_holder(tmp_path, archive):
+    import fcntl
+
+    root = tmp_path / "root"
+    (root / ".tritonpack").mkdir(parents=True)
+    tritonpack.check(archive)
+    with open(root / ".tritonpack" / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a process in the middle of unpacking
+        waiter = subprocess.Popen([sys.executable, "-c", RACER, str(archive), str(root), str(tmp_path / "go")],
+                                  stdout=subprocess.PIPE, text=True)
+        (tmp_path / "go").touch()
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiter.wait(timeout=1.5)
+        assert not list(root.glob("*/__grp__*.json"))
+    result = json.loads(waiter.communicate(timeout=60)[0])
+    assert result["waited"] and result["status"] == "unpacked"
+
+
+def test_removed_entry_is_restored(tmp_path, archive):
+    root = tmp_path / "root"
+    tritonpack.ensure(archive, root)
+    manifest = sorted(root.glob("*/__grp__*.json"))[0]
+    manifest.unlink()
+    result = tritonpack.ensure(archive, root)
+    assert result.status == "unpacked" and result.written == 1 and manifest.exists()
+
+
+@pytest.mark.skipif(OTHER_VERSION is None, reason="no archive of another Triton version")
+def test_unusable_archive_writes_nothing_and_says_so(tmp_path, capsys):
+    root = tmp_path / "root"
+    result = tritonpack.ensure(OTHER_VERSION, root)
+    assert result.status == "unusable" and not result.ok and result.usable == 0 and result.written == 0
+    assert f"Triton: archive {OTHER_VERSION.stem.removeprefix('triton-')}" in result.not_used[0][0]
+    assert [p.name for p in root.iterdir()] == [".tritonpack"], "no entry written, only the stamp"
+    assert tritonpack.ensure(OTHER_VERSION, root).status == "unusable"  # decided once, from the stamp
+    with pytest.raises(tritonpack.IncompatibleError):
+        tritonpack.ensure(OTHER_VERSION, root, strict=True)
+    assert main(["ensure", str(OTHER_VERSION), "--cache-dir", str(root)]) == 0
+    assert "none will be used here" in capsys.readouterr().out
+    assert main(["ensure", str(OTHER_VERSION), "--cache-dir", str(root), "--strict", "-q"]) == 5
+
+
+def test_environment_key_follows_what_the_preflight_depends_on(monkeypatch):
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
+    base = environment_key()
+    assert environment_key() == base
+    assert environment_key(["cuda:90"]) != base
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert environment_key() != base
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert environment_key() != base
+
+
+def test_bad_archive_is_an_archive_error(tmp_path):
+    bad = tmp_path / "bad.tpack"
+    bad.write_bytes(b"\x89TPACK\r\n" + bytes(8) + b"x" * 100)
+    with pytest.raises(tritonpack.ArchiveError):
+        tritonpack.ensure(bad, tmp_path / "root")
+    assert main(["ensure", str(tmp_path / "missing.tpack"), "--cache-dir", str(tmp_path / "root")]) == 2

@@ -1,0 +1,156 @@
+"""merge: union of archives, identical entries once, conflicts named, deterministic, honest producer maps."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from conftest import FIXTURES, snapshot  # noqa: E402
+from kernels import HAS_LISTENER, compile_all  # noqa: E402
+
+import tritonpack  # noqa: E402
+from tritonpack.archive.writer import write_archive  # noqa: E402
+from tritonpack.cacheroot import LocalEntry, scan_cache  # noqa: E402
+from tritonpack.cli import main  # noqa: E402
+from tritonpack.merging import merged_info  # noqa: E402
+from tritonpack.model import FILE, ArchiveInfo, PythonInfo, StubInfo, TritonInfo  # noqa: E402
+
+
+def subset_root(src, dst, keys):
+    for key in keys:
+        shutil.copytree(src / key, dst / key)
+    return dst
+
+
+def contents(archive) -> dict:
+    with tritonpack.open(archive) as reader:
+        return {e.ident: [(f.name, f.sha256) for f in e.files] for e in reader.entries}
+
+
+@pytest.fixture()
+def halves(tmp_path, compiled_root):
+    """Two archives of overlapping parts of one root (one key in both), and the archive of the whole root."""
+    keys = sorted(p.name for p in compiled_root.iterdir())
+    mid = len(keys) // 2
+    a, b, whole = tmp_path / "a.tpack", tmp_path / "b.tpack", tmp_path / "whole.tpack"
+    tritonpack.pack(subset_root(compiled_root, tmp_path / "ra", keys[: mid + 1]), a)
+    tritonpack.pack(subset_root(compiled_root, tmp_path / "rb", keys[mid:]), b)
+    tritonpack.pack(compiled_root, whole)
+    return a, b, whole
+
+
+def test_union_stores_shared_entries_once_and_equals_packing_the_whole(tmp_path, halves, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    a, b, whole = halves
+    ab, ba = tmp_path / "ab.tpack", tmp_path / "ba.tpack"
+    result = tritonpack.merge([a, b], ab)
+    assert result.identical == 1 and result.conflicts == []
+    assert contents(ab) == contents(whole)
+    with tritonpack.open(whole) as reader:
+        assert result.unique_blobs == len(reader.index.blobs)
+    # Deterministic, independent of input order, and byte for byte what packing the whole root gives.
+    tritonpack.merge([b, a], ba)
+    assert ab.read_bytes() == ba.read_bytes() == whole.read_bytes()
+    assert result.blocks_decoded == result.blocks_needed
+
+
+def test_merged_archive_unpacks_to_cache_hits(tmp_path, halves):
+    a, b, _ = halves
+    tritonpack.merge([a, b], tmp_path / "m.tpack")
+    root = tmp_path / "root"
+    tritonpack.unpack(tmp_path / "m.tpack", root)
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert snapshot(root) == before
+
+
+def test_conflict_is_an_error_naming_the_key_unless_prefer(tmp_path, compiled_root, halves, capsys):
+    _, _, whole = halves
+    changed = tmp_path / "changed"
+    shutil.copytree(compiled_root, changed)
+    victim = sorted(changed.glob("*/*.ttir"))[0]
+    victim.write_text(victim.read_text() + "\n// patched\n")
+    patched = tmp_path / "patched.tpack"
+    tritonpack.pack(changed, patched)
+    key = victim.parent.name
+    out = tmp_path / "m.tpack"
+    assert main(["merge", str(whole), str(patched), "-o", str(out)]) == 9
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {key}/") and "--prefer first|last" in err and err.count("\n") == 1
+    assert not out.exists()
+    first = tritonpack.merge([whole, patched], out, prefer="first")
+    assert len(first.conflicts) == 1 and contents(out) == contents(whole)
+    last = tritonpack.merge([whole, patched], out, prefer="last")
+    assert len(last.conflicts) == 1 and contents(out) == contents(patched)
+    assert str(patched) in last.conflicts[0]
+    assert main(["merge", str(whole), "-o", str(out), "--prefer", "middle"]) == 2
+
+
+def test_two_entries_claiming_one_file_are_refused_and_output_may_be_an_input(tmp_path, compiled_root, halves):
+    _, _, whole = halves
+    group = next(e for e in scan_cache(str(compiled_root)).entries if e.kind == "group")
+    metadata = next(f for f in group.files if f.name == f"{group.name}.json")
+    loose = LocalEntry(FILE, group.key, metadata.name, (metadata,), stub=StubInfo("other"))
+    with tritonpack.open(whole) as reader:
+        write_archive(str(tmp_path / "loose.tpack"), [loose], reader.info)
+    with pytest.raises(tritonpack.ConflictError, match=f"{group.key}/{metadata.name} is claimed by group"):
+        tritonpack.merge([whole, tmp_path / "loose.tpack"], tmp_path / "m.tpack")
+    copy = tmp_path / "copy.tpack"
+    shutil.copyfile(whole, copy)
+    tritonpack.merge([copy, whole], copy)  # written beside, then moved over the input it read
+    assert copy.read_bytes() == whole.read_bytes()
+
+
+def test_each_block_is_decoded_once_and_memory_stays_bounded(tmp_path, compiled_root):
+    entries = scan_cache(str(compiled_root)).entries
+    with tritonpack.open(tritonpack.pack(compiled_root, tmp_path / "ref.tpack").archive) as reader:
+        info = reader.info
+    small = []
+    for n, part in enumerate((entries[::2], entries[1::2])):  # many small blocks: 4 kB each
+        small.append(tmp_path / f"small{n}.tpack")
+        write_archive(str(small[-1]), part, info, block_size=4096)
+    result = tritonpack.merge(small, tmp_path / "m.tpack")
+    assert result.blocks_needed > 20
+    assert result.blocks_decoded == result.blocks_needed, "every block decoded exactly once"
+    assert result.peak_blocks <= 2 * len(small)
+    capped = tritonpack.merge(small, tmp_path / "capped.tpack", max_blocks=1)
+    assert capped.peak_blocks == 1
+    assert (tmp_path / "capped.tpack").read_bytes() == (tmp_path / "m.tpack").read_bytes()
+    assert contents(tmp_path / "m.tpack") == contents(tmp_path / "ref.tpack")
+
+
+def test_archives_of_different_tritons_claim_no_packing_triton(tmp_path):
+    archives = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
+    out = tmp_path / "all.tpack"
+    result = tritonpack.merge(archives, out)
+    assert sum(result.entries.values()) == 6 * len(archives)
+    assert "different Tritons" in result.notes()[0]
+    with tritonpack.open(out) as reader:
+        assert reader.info.triton is None
+    # The preflight falls back to each kernel's own version: right for every entry, whichever Triton is here.
+    for verdict in tritonpack.check(out).verdicts:
+        assert verdict.usable == (verdict.entry.kernel.triton_version == triton.__version__)
+
+
+def test_merged_info_keeps_only_what_all_inputs_agree_on():
+    py = PythonInfo("cpython", "3.11", "cpython-311", ".so", "linux-x86_64")
+
+    def info(version, key, hashes, python=py):
+        return ArchiveInfo("1.0.0", (1, 0), None, python, TritonInfo(version, key, hashes))
+
+    a = info("3.6.0", "k1", {"cuda:90": "ptxas 12.8", "cuda:80": "ptxas 12.8-80"})
+    same = merged_info([(a, {"cuda:90"}), (info("3.6.0", "k1", {"cuda:90": "ptxas 12.8"}), {"cuda:90"})], 5)
+    assert same.triton == TritonInfo("3.6.0", "k1", {"cuda:90": "ptxas 12.8"}) and same.python == py
+    assert same.created == 5
+    other_build = merged_info([(a, {"cuda:90", "cuda:80"}),
+                               (info("3.6.0", "k2", {"cuda:90": "ptxas 13.0"}), {"cuda:90"})], None)
+    assert other_build.triton == TritonInfo("3.6.0", None, {"cuda:80": "ptxas 12.8-80"})
+    unknown_hash = merged_info([(a, {"cuda:90"}), (info("3.6.0", "k1", {}), {"cuda:90"})], None)
+    assert unknown_hash.triton.backend_hashes == {}
+    other_python = merged_info([(a, set()), (info("3.6.0", "k1", {}, py.__class__(*"abcde")), set())], None)
+    assert other_python.python is None
+    assert merged_info([(a, set()), (info("3.9.0", "k1", {}), set())], None).triton is None

@@ -1,0 +1,211 @@
+"""record: run a real program under the tracking cache manager and pack exactly the entries it used."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from conftest import snapshot  # noqa: E402
+from kernels import SOURCES, targets  # noqa: E402
+
+import tritonpack  # noqa: E402
+from tritonpack.cli import main  # noqa: E402
+from tritonpack.recording import CHAIN_ENV, HOOK_SPEC, LOG_ENV, hook_environment, parse_log  # noqa: E402
+
+TESTS = str(Path(__file__).resolve().parent)
+
+# Compiles the kernels of SOURCES named by number (argv[1], e.g. "0,1") for cuda:90, as a user program would.
+COMPILE = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {TESTS!r})
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from kernels import SOURCES
+    for i in map(int, sys.argv[1].split(",")):
+        fn, signature, constexprs = SOURCES[i]
+        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    print("compiled", sys.argv[1])
+    sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+""")
+
+# Stores an autotune result the way Triton's Autotuner does (get_file, then put), under a made-up tuning key.
+AUTOTUNE = textwrap.dedent("""
+    import hashlib, json
+    from triton.runtime.cache import get_cache_manager
+    cache = get_cache_manager(hashlib.sha256(b"my_matmul-autotune").hexdigest())
+    if cache.get_file("my_matmul.autotune.json") is None:
+        cache.put(json.dumps({"key": [1024], "configs_timings": [[{"kwargs": {"BLOCK": 64}, "num_warps": 4},
+                                                                   [0.5]]]}), "my_matmul.autotune.json")
+""")
+
+# Removes the cuda:90 softmax group's manifest, as a cache cleaner would while the run goes on.
+CLEAN_SOFTMAX_CUDA90 = textwrap.dedent("""
+    import glob, os
+    for manifest in glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "__grp__softmax_kernel.json")):
+        if '"cuda", "arch": 90' in open(manifest.replace("__grp__", "")).read():
+            os.unlink(manifest)
+""")
+
+
+def groups_of(archive) -> set[tuple[str, str]]:
+    with tritonpack.open(archive) as reader:
+        return {(e.name, e.target) for e in reader.entries if e.kind == "group"}
+
+
+@pytest.fixture()
+def full_root(tmp_path, compiled_root) -> Path:
+    """A root holding every test kernel for every target, manifests pointing into it."""
+    root = tmp_path / "full" / "cache"
+    shutil.copytree(compiled_root, root)
+    tritonpack.relocate(root)
+    return root
+
+
+def test_python_program_archive_holds_exactly_the_kernels_it_used(tmp_path, full_root, monkeypatch):
+    script = tmp_path / "use_two.py"
+    script.write_text(COMPILE)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(full_root))
+    before = snapshot(full_root)
+    result = tritonpack.record([sys.executable, str(script), "0,1"], tmp_path / "two.tpack")
+    assert snapshot(full_root) == before, "hits only: the run wrote nothing"
+    assert len(list(full_root.glob("*/__grp__*.json"))) == len(SOURCES) * len(targets()) > 2
+    assert groups_of(tmp_path / "two.tpack") == {("add_kernel", "cuda:90"), ("softmax_kernel", "cuda:90")}
+    assert result.roots == [str(full_root)] and result.processes == 1
+    assert [(r.kind, r.hits, r.writes) for r in result.recorded] == [("group", 1, 0)] * 2
+    assert result.not_packed == [] and result.compiled == 0
+    # The recording describes the Triton the program ran: here the same installation, so its build key.
+    with tritonpack.open(tmp_path / "two.tpack") as reader:
+        assert reader.info.triton.version == triton.__version__ and reader.info.triton.key_sha256
+        assert set(reader.info.triton.backend_hashes) <= {"cuda:90"}
+    assert not tritonpack.check(tmp_path / "two.tpack").unusable
+
+
+def test_shell_script_with_its_own_root_and_parallel_pythons(tmp_path, monkeypatch, capfd):
+    (tmp_path / "compile.py").write_text(COMPILE)
+    (tmp_path / "autotune.py").write_text(AUTOTUNE)
+    script = tmp_path / "run.sh"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        set -e
+        export TRITON_CACHE_DIR=shellroot
+        cd {tmp_path}
+        {sys.executable} compile.py 2 &
+        {sys.executable} autotune.py &
+        wait
+        """))
+    script.chmod(0o755)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))
+    out = tmp_path / "shell.tpack"
+    assert main(["record", "-o", str(out), "--json", "--", str(script)]) == 0
+    captured = capfd.readouterr()
+    doc = json.loads(captured.out)  # stdout is the JSON document alone; the program's output went to stderr
+    assert "compiled 2" in captured.err
+    root = str(tmp_path / "shellroot")
+    assert doc["roots"] == [root] and doc["processes"] == 2
+    assert doc["entries"] == {"group": 1, "autotune": 1, "file": 0}
+    assert {(r["kind"], r["name"], r["writes"]) for r in doc["recorded"]} == {
+        ("group", "scale_kernel", 1), ("autotune", "my_matmul.autotune.json", 1)}
+    assert groups_of(out) == {("scale_kernel", "cuda:90")}
+    assert not (tmp_path / "unused").exists()
+    # Unpacked elsewhere, the kernel is a hit for the real Triton.
+    again = tmp_path / "again"
+    tritonpack.unpack(out, again)
+    before = snapshot(again)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(again))
+    subprocess.run([sys.executable, str(tmp_path / "compile.py"), "2"], check=True, capture_output=True)
+    assert snapshot(again) == before
+
+
+def test_failing_command_packs_nothing_unless_allowed(tmp_path, full_root, monkeypatch, capsys):
+    script = tmp_path / "fails.py"
+    script.write_text(COMPILE)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(full_root))
+    out = tmp_path / "k.tpack"
+    assert main(["record", "-o", str(out), "-q", "--", sys.executable, str(script), "1", "3"]) == 8
+    assert "exited with status 3; nothing was packed" in capsys.readouterr().err
+    assert not out.exists()
+    result = tritonpack.record([sys.executable, str(script), "1", "3"], out, allow_failure=True)
+    assert result.returncode == 3 and groups_of(out) == {("softmax_kernel", "cuda:90")}
+    assert "status 3" in result.notes()[0]
+    assert main(["record", "-o", str(out), "--", sys.executable, "-c", "pass"]) == 8
+    assert "used no Triton cache entry" in capsys.readouterr().err
+    assert main(["record", "-o", str(out), "--", str(tmp_path / "no-such-program")]) == 2
+    marker = tmp_path / "ran"
+    assert main(["record", "-o", str(tmp_path / "no" / "dir.tpack"), "--", "touch", str(marker)]) == 2
+    assert not marker.exists(), "an output that cannot be written is refused before the command runs"
+
+
+def test_what_was_used_but_cannot_be_packed_is_reported(tmp_path, full_root, monkeypatch, capsys):
+    script = tmp_path / "use_then_clean.py"
+    script.write_text(COMPILE.replace("sys.exit(", CLEAN_SOFTMAX_CUDA90 + "sys.exit("))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(full_root))
+    out = tmp_path / "k.tpack"
+    assert main(["record", "-o", str(out), "--", sys.executable, str(script), "0,1"]) == 0
+    err = capsys.readouterr().err
+    assert "used but not packed, 1: incomplete group: no manifest for" in err and "softmax_kernel" in err
+    assert groups_of(out) == {("add_kernel", "cuda:90")}
+
+
+def test_users_own_cache_manager_is_extended_or_reported(tmp_path, full_root, monkeypatch):
+    (tmp_path / "use_one.py").write_text(COMPILE)
+    (tmp_path / "my_managers.py").write_text(textwrap.dedent("""
+        import os
+        from triton.runtime.cache import CacheManager, FileCacheManager
+
+        class Auditing(FileCacheManager):  # a user's own file manager: keeps working under record
+            def get_group(self, filename):
+                with open(os.environ["AUDIT_LOG"], "a") as f:
+                    f.write(filename + "\\n")
+                return super().get_group(filename)
+
+        class Elsewhere(CacheManager):  # delegates, so not Triton's file layout as far as record can tell
+            def __init__(self, key, override=False, dump=False):
+                self.inner = FileCacheManager(key, override=override, dump=dump)
+            def get_file(self, filename): return self.inner.get_file(filename)
+            def put(self, data, filename, binary=True): return self.inner.put(data, filename, binary)
+            def get_group(self, filename): return self.inner.get_group(filename)
+            def put_group(self, filename, group): return self.inner.put_group(filename, group)
+        """))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(full_root))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("AUDIT_LOG", str(tmp_path / "audit.log"))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "my_managers:Auditing")
+    tritonpack.record([sys.executable, str(tmp_path / "use_one.py"), "0"], tmp_path / "a.tpack")
+    assert groups_of(tmp_path / "a.tpack") == {("add_kernel", "cuda:90")}
+    assert (tmp_path / "audit.log").read_text() == "add_kernel.json\n"
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "my_managers:Elsewhere")
+    with pytest.raises(tritonpack.RecordError, match="TRITON_CACHE_MANAGER=my_managers:Elsewhere keeps kernels"):
+        tritonpack.record([sys.executable, str(tmp_path / "use_one.py"), "0"], tmp_path / "b.tpack")
+
+
+def test_hook_environment_chains_and_nests():
+    env = hook_environment({"PYTHONPATH": "/app", "TRITON_CACHE_MANAGER": "mine:Manager"}, "/hook", "/log1")
+    assert env["TRITON_CACHE_MANAGER"] == HOOK_SPEC and env[CHAIN_ENV] == "mine:Manager"
+    assert env["PYTHONPATH"] == os.pathsep.join(["/hook", "/app"]) and env[LOG_ENV] == "/log1"
+    inner = hook_environment(env, "/hook2", "/log2")  # record inside record: both logs see everything
+    assert inner[LOG_ENV] == os.pathsep.join(["/log2", "/log1"]) and inner[CHAIN_ENV] == "mine:Manager"
+    assert CHAIN_ENV not in hook_environment({}, "/h", "/l")
+
+
+def test_parse_log_counts_uses_and_survives_torn_lines():
+    lines = [
+        '{"op":"process","pid":7,"triton_version":"3.9.0","triton_dir":"/t"}\n',
+        '{"op":"hit","what":"group","dir":"/r/KEY","name":"add_kernel","pid":7}\n',
+        '{"op":"hit","what":"group","dir":"/r/KEY","name":"add_kernel","pid":7}\n',
+        '{"op":"write","what":"file","dir":"/r/KEY","name":"add_kernel.json","pid":7}\n',
+        '{"op":"key","pid":7,"key_sha256":"ab"}\n',
+        '{"op":"hit","what":"gro',
+    ]
+    log = parse_log(lines)
+    assert log.bad_lines == 1 and log.processes[7]["key_sha256"] == "ab"
+    assert [(u.root, u.key, u.what, u.name, c) for u, c in log.uses.items()] == [
+        ("/r", "KEY", "group", "add_kernel", [2, 0]), ("/r", "KEY", "file", "add_kernel.json", [0, 1])]

@@ -1,0 +1,259 @@
+"""``ensure``: make an archive's usable entries present under a cache root, once, for model-loading code.
+
+The first call unpacks (with the preflight: entries this environment will not use are not written) and leaves a
+stamp in ``<root>/.tritonpack/``, named after the archive digest and a key of the preflight-relevant environment.
+Later calls read the archive's 64-byte trailer, compute that key from a few ``stat`` calls, find the stamp and
+check that the entries it lists are still there: no index decoding, no Triton import, no fingerprint.
+
+Many processes may call it at once (every rank of a job): the first takes an exclusive ``flock`` on
+``<root>/.tritonpack/lock`` and unpacks; the others wait on the lock, then find the stamp. A process killed while
+unpacking releases the lock with its death and leaves no stamp, so the next caller simply unpacks (idempotent).
+
+What the environment key covers: the archive, this tritonpack, the Python ABI and platform, the installed Triton
+(its directory and the size and mtime of ``__init__.py``, ``libtriton`` and the backends directory, which any
+reinstall changes), the variables that may invalidate Triton's cache, the GPUs (``--target`` list, or the models
+and counts read from ``/proc/driver/nvidia`` and the AMD KFD topology, and ``*_VISIBLE_DEVICES``). In-place edits
+of Triton's own sources are not seen by the stamp; ``unpack`` (whose fingerprint hashes every file) sees them.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+
+from . import __version__
+from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
+from .archive.source import LocalFile
+from .cacheroot import TOOL_DIR as STAMP_DIR
+from .errors import ArchiveError, CacheError, IncompatibleError
+from .model import GROUP, manifest_name
+from .report import plural
+from .triton_env import default_cache_dir
+
+STAMP_VERSION = 1
+UNPACKED = "unpacked"  # this call ran the unpack
+PRESENT = "present"  # done before, by this or another process: nothing written
+UNUSABLE = "unusable"  # no entry of the archive would be used here: nothing written
+
+
+@dataclass
+class EnsureResult:
+    archive: str
+    cache_dir: str
+    digest: str  # the archive digest (index sha256)
+    status: str  # UNPACKED, PRESENT or UNUSABLE
+    waited: bool  # another process held the lock (was unpacking) when this one arrived
+    entries: int
+    usable: int  # entries this environment will use
+    written: int  # entries written by this call
+    conflicts: list[str] = field(default_factory=list)
+    not_used: list[tuple[str, int]] = field(default_factory=list)  # (reason, entries)
+    unchecked: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    stamp: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when every usable entry is in place (an empty archive included)."""
+        return self.status != UNUSABLE
+
+    def summary(self) -> str:
+        what = {UNPACKED: f"unpacked: {self.written} written", PRESENT: "already present, nothing to do",
+                UNUSABLE: "none will be used here, nothing written"}[self.status]
+        return (f"ensured {self.archive} in {self.cache_dir}: {what} ({self.usable} of "
+                f"{plural(self.entries, 'entry', 'entries')} usable) in {self.seconds * 1000:.1f} ms")
+
+    def notes(self) -> list[str]:
+        lines = [f"not used here, {n}: {reason}" for reason, n in self.not_used]
+        if self.conflicts:
+            lines.append(f"kept {len(self.conflicts)} existing entries whose content differs: "
+                         + ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else ""))
+        return lines + [f"not checked: {note}" for note in self.unchecked]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def archive_digest(path: str) -> str:
+    """The archive digest from the header and trailer alone (80 bytes read), as ``ArchiveReader.digest``."""
+    source = LocalFile(path)
+    try:
+        size = source.size()
+        parse_header(source.read_at(0, HEADER_SIZE), source.name)
+        if size < HEADER_SIZE + TRAILER_SIZE:
+            raise ArchiveError("truncated archive (no trailer)", source.name)
+        return parse_trailer(source.read_at(size - TRAILER_SIZE, TRAILER_SIZE), size, source.name).index_sha256.hex()
+    finally:
+        source.close()
+
+
+def _stat_id(path: str) -> list:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path, None]
+    return [path, st.st_size, st.st_mtime_ns]
+
+
+def _triton_identity() -> list:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return []
+    package = os.path.dirname(os.path.realpath(spec.origin))
+    files = [os.path.join(package, "__init__.py"), os.path.join(package, "backends"),
+             *sorted(glob.glob(os.path.join(package, "_C", "libtriton*")))]
+    return [_stat_id(f) for f in files]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _gpu_identity() -> list:
+    """The GPUs of this host, from files the drivers publish (no nvidia-smi, no CUDA initialisation)."""
+    nvidia = sorted(line.strip() for info in glob.glob("/proc/driver/nvidia/gpus/*/information")
+                    for line in _read(info).splitlines() if line.startswith("Model:"))
+    amd = sorted(line.strip() for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties")
+                 for line in _read(props).splitlines() if line.startswith("gfx_target_version"))
+    visible = [os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")]
+    return [nvidia, amd, visible]
+
+
+def environment_key(targets: list[str] | None = None) -> str:
+    """A digest of everything the preflight's answer depends on, computed without Triton (see the docstring)."""
+    from .fingerprint import _env_digest
+
+    doc = {
+        "stamp": STAMP_VERSION,
+        "tritonpack": __version__,
+        "python": [sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX"), sysconfig.get_platform()],
+        "triton": _triton_identity(),
+        "env": _env_digest(os.environ),
+        "targets": sorted(targets) if targets else _gpu_identity(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _stamped(stamp: str, root: str, archive: str, waited: bool, start: float) -> EnsureResult | None:
+    """The recorded outcome, if the stamp exists and every entry it lists is still in the root."""
+    try:
+        with open(stamp, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("stamp") != STAMP_VERSION:
+            return None
+        if not all(os.path.exists(os.path.join(root, m)) for m in doc["markers"]):
+            return None
+        return EnsureResult(
+            archive=archive, cache_dir=root, digest=doc["digest"], status=UNUSABLE if doc["unusable"] else PRESENT,
+            waited=waited, entries=doc["entries"], usable=doc["usable"], written=0, conflicts=doc["conflicts"],
+            not_used=[tuple(r) for r in doc["not_used"]], unchecked=doc["unchecked"],
+            seconds=time.perf_counter() - start, stamp=stamp)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@contextlib.contextmanager
+def _exclusive(directory: str):
+    """An exclusive ``flock`` on ``directory/lock``; yields whether another process held it first."""
+    import fcntl
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise CacheError(f"cannot lock: {e.strerror}", directory) from e
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            waited = True
+    except OSError as e:
+        os.close(fd)
+        raise CacheError(f"cannot lock: {e.strerror}", directory) from e
+    try:
+        yield waited
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _unpack(archive: str, root: str, digest: str, targets: list[str] | None) -> tuple[EnsureResult, list[str]]:
+    from .api import check, unpack
+    from .archive.reader import ArchiveReader
+
+    try:
+        result = unpack(archive, root, targets=targets)
+    except IncompatibleError:
+        report = check(archive, targets=targets)
+        return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
+                            not_used=report.reasons(), unchecked=report.unchecked), []
+    with ArchiveReader(archive) as reader:
+        markers = [os.path.join(e.key, manifest_name(e.name) if e.kind == GROUP else e.name) for e in reader.entries]
+    markers = [m for m in markers if os.path.exists(os.path.join(root, m))]
+    usable = result.entries - result.not_used_entries
+    return EnsureResult(archive, root, digest, UNPACKED, False, result.entries, usable,
+                        result.written + result.relinked, conflicts=result.conflicts, not_used=result.not_used,
+                        unchecked=result.unchecked), markers
+
+
+def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> None:
+    from .cachedest import atomic_write
+
+    doc = {"stamp": STAMP_VERSION, "digest": result.digest, "unusable": result.status == UNUSABLE,
+           "entries": result.entries, "usable": result.usable, "conflicts": result.conflicts,
+           "not_used": result.not_used, "unchecked": result.unchecked, "markers": markers}
+    try:
+        atomic_write(os.path.dirname(stamp), os.path.basename(stamp), json.dumps(doc, indent=1).encode())
+    except OSError as e:
+        raise CacheError(f"cannot write the stamp: {e.strerror}", stamp) from e
+
+
+def ensure(
+    archive: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    targets: list[str] | None = None,
+    strict: bool = False,
+) -> EnsureResult:
+    """Make the archive's usable entries present under the cache root (Triton's default when ``None``), once.
+
+    Idempotent and near-free when already done; safe when many processes call it at once. When no entry would
+    be used here, nothing is written and the result says so (``status == "unusable"``); ``strict`` raises
+    ``IncompatibleError`` instead. ``targets`` as for ``unpack``.
+    """
+    start = time.perf_counter()
+    path = os.fspath(archive)
+    root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
+    digest = archive_digest(path)
+    stamp_dir = os.path.join(root, STAMP_DIR)
+    stamp = os.path.join(stamp_dir, f"ensure-{digest[:32]}-{environment_key(targets)[:32]}.json")
+    result = _stamped(stamp, root, path, False, start)
+    if result is None:
+        with _exclusive(stamp_dir) as waited:
+            result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
+            if result is None:
+                result, markers = _unpack(path, root, digest, targets)
+                result.waited = waited
+                _write_stamp(stamp, result, markers)
+    result.seconds = time.perf_counter() - start
+    result.stamp = stamp
+    if strict and result.status == UNUSABLE:
+        reason = result.not_used[0][0] if result.not_used else "no entry is usable"
+        raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path)
+    return result

@@ -1,0 +1,212 @@
+"""``merge``: the union of several archives in one, each distinct entry once.
+
+Entries are identified by ``(key, kind, name)``. The same entry with the same files (names, order and sha256) in
+several inputs is stored once; with different files it is a conflict, an error unless ``prefer`` says which input
+wins. The output goes through the ordinary writer, so it is deterministic and obeys the reader's rules.
+
+Producer maps: the ``python`` and ``triton`` maps describe the host that packed an archive, and the preflight
+trusts ``triton.key_sha256`` and ``triton.backend_hashes`` for the entries of that Triton version. A merged archive
+therefore keeps only what every contributing input agrees on: one Triton version (else no ``triton`` map, and the
+preflight falls back to each kernel's own recorded version), one build key (else none), and per target the
+backend hash all inputs that have it agree on. The merging host's own Triton is never claimed: it compiled nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from . import __version__
+from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
+from .archive.reader import ArchiveReader
+from .archivesource import ArchiveEntry, BlobStore, archive_entry
+from .errors import ConflictError, UsageError
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
+from .report import _counts, human_bytes, kind_counts, plural
+
+PREFER = ("first", "last")
+
+
+@dataclass(frozen=True)
+class MergeInput:
+    archive: str
+    digest: str
+    entries: int
+    contributed: int  # entries of the output taken from this input
+    triton_version: str | None
+    triton_key_sha256: str | None
+    python: str | None  # cache tag and platform
+
+
+@dataclass
+class MergeResult:
+    archive: str
+    inputs: list[MergeInput]
+    entries: dict[str, int]  # kind -> count
+    identical: int  # entries found in more than one input with the same files, stored once
+    conflicts: list[str]  # "key/name (kind)": resolved by prefer
+    prefer: str | None
+    files: int
+    unique_blobs: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    blocks_needed: int
+    blocks_decoded: int
+    peak_blocks: int  # decoded blocks held at once, at most
+    unknown_entries: int  # entries of kinds this tritonpack does not know: not carried over
+    producer: str  # what the output's producer maps say, in words
+
+    def summary(self) -> str:
+        count = plural(sum(self.entries.values()), "entry", "entries")
+        parts = [f"{self.identical} duplicate{'' if self.identical == 1 else 's'} stored once"]
+        if self.conflicts:
+            parts.append(f"{len(self.conflicts)} conflict{'' if len(self.conflicts) == 1 else 's'} resolved "
+                         f"(--prefer {self.prefer})")
+        ratio = self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+        return (f"merged {plural(len(self.inputs), 'archive')} into {count} ({_counts(self.entries)}): "
+                f"{', '.join(parts)}; {self.files} files, {human_bytes(self.bytes_in)} -> "
+                f"{human_bytes(self.bytes_out)} ({ratio:.1f}x) in {self.seconds:.2f} s -> {self.archive}")
+
+    def notes(self) -> list[str]:
+        lines = [f"conflict resolved (--prefer {self.prefer}): {c}" for c in self.conflicts[:10]]
+        if len(self.conflicts) > 10:
+            lines.append(f"... and {len(self.conflicts) - 10} more conflicts")
+        if self.unknown_entries:
+            lines.append(f"dropped {self.unknown_entries} entries of a kind this tritonpack does not know")
+        if len({(i.triton_version, i.triton_key_sha256) for i in self.inputs if i.contributed}) > 1:
+            lines.append(f"inputs were packed by different Tritons: {self.producer}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _content(entry: Entry) -> tuple:
+    return tuple((f.name, f.sha256) for f in entry.files)
+
+
+def merged_info(parts: Sequence[tuple[ArchiveInfo, set[str]]], created: int | None) -> ArchiveInfo:
+    """Producer maps that claim only what all contributing inputs agree on (see the module docstring).
+
+    ``parts``: each contributing input's info with the targets (``cuda:90``) of the entries it contributes. A
+    target's backend hash is kept only if every input contributing kernels of that target recorded the same one.
+    """
+    infos = [info for info, _ in parts]
+    pythons = {i.python for i in infos}
+    python = pythons.pop() if len(pythons) == 1 else None
+    triton = None
+    versions = {i.triton.version if i.triton else None for i in infos}
+    if len(versions) == 1 and None not in versions:
+        keys = {i.triton.key_sha256 for i in infos}
+        hashes = {}
+        for target in sorted(set().union(*(targets for _, targets in parts))):
+            values = {i.triton.backend_hashes.get(target) for i, targets in parts if target in targets}
+            if len(values) == 1 and None not in values:
+                hashes[target] = values.pop()
+        triton = TritonInfo(versions.pop(), keys.pop() if len(keys) == 1 else None, hashes)
+    return ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=created,
+                       python=python, triton=triton)
+
+
+def _producer_words(info: ArchiveInfo) -> str:
+    if info.triton is None:
+        return "no packing Triton recorded (the inputs disagree); the preflight checks each kernel's own version"
+    key = info.triton.key_sha256
+    return (f"Triton {info.triton.version}" + (f", build {key[:12]}" if key else ", build key unknown (inputs differ)")
+            + f", backend hashes for {len(info.triton.backend_hashes)} target(s)")
+
+
+def _check_paths(chosen: dict[tuple[str, str, str], tuple[int, int, Entry]], names: Sequence[str]) -> None:
+    """Two different entries must never claim one file; the reader would refuse the output."""
+    owner: dict[tuple[str, str], tuple[str, str]] = {}
+    for source, _, e in chosen.values():
+        for name in [f.name for f in e.files] + ([manifest_name(e.name)] if e.kind == GROUP else []):
+            if (e.key, name) in owner:
+                other_source, other = owner[(e.key, name)]
+                raise ConflictError(f"{e.key}/{name} is claimed by {other} ({other_source}) and by {e.kind} "
+                                    f"{e.name} ({names[source]})")
+            owner[(e.key, name)] = (names[source], f"{e.kind} {e.name}")
+
+
+def merge(
+    inputs: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    prefer: str | None = None,
+    level: int = DEFAULT_LEVEL,
+    max_blocks: int = 0,
+) -> MergeResult:
+    """Write the union of ``inputs`` to ``output``. ``prefer`` (``"first"``/``"last"``) settles conflicts;
+    without it a conflict raises ``ConflictError`` naming the key. ``max_blocks`` caps decoded blocks in memory."""
+    from .api import _created
+    from .archive.writer import write_archive
+
+    if not inputs:
+        raise UsageError("nothing to merge: name at least one archive")
+    if prefer is not None and prefer not in PREFER:
+        raise UsageError(f"--prefer must be first or last, not {prefer!r}")
+    if not 1 <= level <= 22:
+        raise UsageError(f"compression level must be 1-22, not {level}")
+    created = _created()
+    start = time.perf_counter()
+    names = [os.fspath(p) for p in inputs]
+    with contextlib.ExitStack() as stack:
+        readers = [stack.enter_context(ArchiveReader(p)) for p in names]
+        chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}
+        identical = 0
+        conflicts: list[str] = []
+        for source, reader in enumerate(readers):
+            for number, entry in enumerate(reader.entries):
+                ident = entry.ident
+                if ident not in chosen:
+                    chosen[ident] = (source, number, entry)
+                    continue
+                first_source, _, first = chosen[ident]
+                if _content(first) == _content(entry):
+                    identical += 1
+                    continue
+                where = f"{entry.key}/{entry.name} ({entry.kind})"
+                if prefer is None:
+                    raise ConflictError(
+                        f"{where} differs between {names[first_source]} and {names[source]} "
+                        "(--prefer first|last chooses one)")
+                conflicts.append(f"{where}: kept from {names[first_source] if prefer == 'first' else names[source]}")
+                if prefer == "last":
+                    chosen[ident] = (source, number, entry)
+        _check_paths(chosen, names)
+        picked = sorted(chosen.values(), key=lambda c: c[2].ident)
+        store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, e in picked for j in range(len(e.files))),
+                          max_blocks=max_blocks)
+        sources: list[ArchiveEntry] = [archive_entry(readers[s], s, n, e, store) for s, n, e in picked]
+        contributing = sorted({s for s, _, _ in picked})
+        info = merged_info([(readers[n].info, {e.kernel.target for s, _, e in picked
+                                                if s == n and e.kernel and e.kernel.backend})
+                            for n in contributing], created)
+        written = write_archive(os.fspath(output), sources, info, level=level)
+        contributed = [sum(1 for s, _, _ in picked if s == n) for n in range(len(readers))]
+        return MergeResult(
+            archive=os.fspath(output),
+            inputs=[MergeInput(
+                archive=names[n], digest=r.digest, entries=len(r.entries), contributed=contributed[n],
+                triton_version=r.info.triton.version if r.info.triton else None,
+                triton_key_sha256=r.info.triton.key_sha256 if r.info.triton else None,
+                python=f"{r.info.python.cache_tag} {r.info.python.platform}" if r.info.python else None,
+            ) for n, r in enumerate(readers)],
+            entries=kind_counts(e.kind for _, _, e in picked),
+            identical=identical,
+            conflicts=conflicts,
+            prefer=prefer,
+            files=written.files,
+            unique_blobs=written.blobs,
+            bytes_in=written.bytes_in,
+            bytes_out=written.bytes_out,
+            seconds=time.perf_counter() - start,
+            blocks_needed=store.blocks_needed,
+            blocks_decoded=store.decoded,
+            peak_blocks=store.peak_blocks,
+            unknown_entries=sum(r.index.unknown_entries for r in readers),
+            producer=_producer_words(info),
+        )

@@ -1,0 +1,393 @@
+"""``record``: run a command with a tracking cache manager and pack exactly the entries it used.
+
+Triton resolves its cache manager from ``TRITON_CACHE_MANAGER`` ("module:Class") in every version: 3.3 reads it at
+each ``get_cache_manager`` call, 3.4+ through ``knobs.cache.manager_class``, which also demands a ``CacheManager``
+subclass. The tracking manager (``record_hook.py``) is copied to a private directory put first on ``PYTHONPATH``,
+so that every Python the command starts, however deep and whichever environment it runs in, imports it. It logs
+what it serves and writes, with the cache directory it was given (whatever set it: ``TRITON_CACHE_DIR`` in the
+command, Inductor's ``$TORCHINDUCTOR_CACHE_DIR/triton/0``), so the entries are taken from the roots that were
+really used, and only the key directories that were used are read.
+
+A user's own ``TRITON_CACHE_MANAGER`` is kept, not refused: the tracking manager subclasses it when it is a
+``FileCacheManager`` (same on-disk layout, so what it serves can be packed); any other manager is used as is and
+reported, since its entries are not files in Triton's layout.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
+from .cacheroot import LocalEntry, Skipped, scan_keys
+from .errors import RecordError, UsageError
+from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo
+from .report import _counts, human_bytes, kind_counts, plural
+
+HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
+HOOK_CLASS = "TrackingCacheManager"
+LOG_ENV = "TRITONPACK_RECORD_LOG"  # the same names as in record_hook.py
+CHAIN_ENV = "TRITONPACK_RECORD_CHAIN"
+MANAGER_ENV = "TRITON_CACHE_MANAGER"
+HOOK_SPEC = f"{HOOK_MODULE}:{HOOK_CLASS}"
+
+
+@dataclass(frozen=True)
+class Use:
+    """One entry the run used, named as Triton's cache manager saw it."""
+
+    root: str
+    key: str
+    what: str  # "group" (get_group / put_group) or "file" (get_file / put)
+    name: str  # the kernel name of a group, the file name of a file
+
+
+@dataclass
+class RecordLog:
+    """What the tracking managers of every process logged, parsed."""
+
+    uses: dict[Use, list[int]] = field(default_factory=dict)  # -> [hits, writes]
+    processes: dict[int, dict] = field(default_factory=dict)  # pid -> its "process" line (and "key_sha256")
+    unsupported: list[str] = field(default_factory=list)  # TRITON_CACHE_MANAGER values not in Triton's layout
+    bad_lines: int = 0
+
+
+def hook_environment(environ: Mapping[str, str], hook_dir: str, log_path: str) -> dict[str, str]:
+    """The command's environment: the tracking manager installed, the user's own manager chained behind it.
+
+    Inside another ``record`` the outer manager is kept and this run's log is added to its list of logs.
+    """
+    env = dict(environ)
+    user = env.get(MANAGER_ENV, "").strip()
+    logs = [log_path]
+    if user == HOOK_SPEC:
+        logs += [p for p in env.get(LOG_ENV, "").split(os.pathsep) if p]
+    elif user:
+        env[CHAIN_ENV] = user
+    else:
+        env.pop(CHAIN_ENV, None)
+    env[MANAGER_ENV] = HOOK_SPEC
+    env[LOG_ENV] = os.pathsep.join(logs)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook_dir, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def parse_log(lines: Iterable[str]) -> RecordLog:
+    """Fold the event lines into uses and process descriptions; a torn or foreign line is counted, not fatal."""
+    log = RecordLog()
+    for line in lines:
+        try:
+            record = json.loads(line)
+            op = record["op"]
+            if op in ("hit", "write"):
+                directory = record["dir"]
+                use = Use(os.path.dirname(directory), os.path.basename(directory), record["what"], record["name"])
+                counts = log.uses.setdefault(use, [0, 0])
+                counts[op == "write"] += 1
+            elif op == "process":
+                log.processes.setdefault(int(record["pid"]), {}).update(record)
+            elif op == "key":
+                log.processes.setdefault(int(record["pid"]), {})["key_sha256"] = record["key_sha256"]
+            elif op == "unsupported" and record["manager"] not in log.unsupported:
+                log.unsupported.append(record["manager"])
+        except (ValueError, KeyError, TypeError):
+            log.bad_lines += 1
+    return log
+
+
+@dataclass(frozen=True)
+class RecordedEntry:
+    """An entry packed by ``record``, with how the run used it."""
+
+    root: str
+    key: str
+    kind: str
+    name: str
+    hits: int  # served from the cache
+    writes: int  # compiled or written during the run
+
+
+@dataclass
+class Selection:
+    entries: list[LocalEntry] = field(default_factory=list)
+    recorded: list[RecordedEntry] = field(default_factory=list)
+    not_packed: list[Skipped] = field(default_factory=list)  # paths are absolute: several roots
+
+
+def _reason(scan_skipped: list[Skipped], key: str, name: str) -> str:
+    """Why a used entry is not in the scan: the scanner's own reason for that file or key, if it gave one."""
+    for s in scan_skipped:
+        if s.path in (key, f"{key}/{name}", f"{key}/__grp__{name}.json"):
+            return s.reason
+    for s in scan_skipped:
+        if s.path.startswith(f"{key}/"):
+            return s.reason
+    return "no longer in the cache"
+
+
+def select(log: RecordLog) -> Selection:
+    """The entries of the used roots that the run used, and what it used that cannot be packed, with reasons."""
+    selection = Selection()
+    by_root: dict[str, list[Use]] = {}
+    for use in log.uses:
+        by_root.setdefault(use.root, []).append(use)
+    chosen: dict[tuple[str, str, str], LocalEntry] = {}
+    for root in sorted(by_root):
+        uses = sorted(by_root[root], key=lambda u: (u.key, u.what != GROUP, u.name))
+        scan = scan_keys(root, {u.key for u in uses})
+        groups = {(e.key, e.name): e for e in scan.entries if e.kind == GROUP}
+        loose = {(e.key, e.name): e for e in scan.entries if e.kind != GROUP}
+        group_of = {(e.key, f.name): e for e in scan.entries if e.kind == GROUP for f in e.files}
+        unpacked: dict[tuple[str, str], list[str]] = {}  # (key, reason) -> names
+        for use in uses:
+            hits, writes = log.uses[use]
+            if use.what == GROUP:
+                entry = groups.get((use.key, use.name))
+            else:  # a loose file, or a file of a group (packed with its group)
+                entry = loose.get((use.key, use.name)) or group_of.get((use.key, use.name))
+            if entry is None:
+                unpacked.setdefault((use.key, _reason(scan.skipped, use.key, use.name)), []).append(use.name)
+                continue
+            ident = (entry.key, entry.kind, entry.name)
+            if ident in chosen:
+                if chosen[ident] is not entry and not _same_content(chosen[ident], entry):
+                    selection.not_packed.append(Skipped(
+                        os.path.join(root, entry.key, entry.name),
+                        "also used from another root with different content; packed once, from the first root"))
+                continue
+            chosen[ident] = entry
+            selection.entries.append(entry)
+            selection.recorded.append(RecordedEntry(root, entry.key, entry.kind, entry.name, hits, writes))
+        for (key, reason), names in sorted(unpacked.items()):
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            selection.not_packed.append(Skipped(os.path.join(root, key, names[0]) + more, reason))
+    return selection
+
+
+def _same_content(a: LocalEntry, b: LocalEntry) -> bool:
+    return [(f.name, f.size) for f in a.files] == [(f.name, f.size) for f in b.files] and all(
+        x.read() == y.read() for x, y in zip(a.files, b.files, strict=True))
+
+
+def _local_triton_dir() -> str | None:
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return None
+    return os.path.dirname(os.path.realpath(spec.origin)) if spec and spec.origin else None
+
+
+def _one(values: Iterable):
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+def archive_info(entries: Sequence[LocalEntry], processes: Mapping[int, dict], created: int | None,
+                 version: str) -> tuple[ArchiveInfo, list[str]]:
+    """The producer maps, describing the Python and Triton the command ran, not this process, and never
+    claiming more than is known: a Triton other than the one importable here is recorded with its version and
+    build key (when the run computed it) but no backend hashes; several different ones, as unknown."""
+    from .fingerprint import local_triton
+
+    notes: list[str] = []
+    procs = list(processes.values())
+    python_ids = {(p.get("implementation"), p.get("version"), p.get("cache_tag"), p.get("ext_suffix"),
+                   p.get("platform")) for p in procs}
+    python = None
+    if len(python_ids) == 1:
+        impl, ver, tag, suffix, plat = python_ids.pop()
+        if impl and ver and plat:
+            python = PythonInfo(impl, ver, tag, suffix, plat)
+    elif len(python_ids) > 1:
+        notes.append("the command ran several Pythons: the archive records none as the producer")
+    tritons = {(p.get("triton_dir"), p.get("triton_version")) for p in procs}
+    triton = None
+    if len(tritons) == 1:
+        directory, triton_version = tritons.pop()
+        targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in entries
+                   if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
+        here = local_triton(targets) if directory and directory == _local_triton_dir() else None
+        if here is not None and here.version == triton_version:
+            wanted = {f"{b}:{a}" for b, a, _ in targets}
+            triton = TritonInfo(here.version, here.key_sha256,
+                                {t: h for t, h in sorted(here.backend_hashes.items()) if t in wanted})
+        elif triton_version:
+            triton = TritonInfo(triton_version, _one(k for p in procs if (k := p.get("key_sha256"))), {})
+            notes.append(f"the command's Triton ({directory}) is not the one importable here: the archive records "
+                         "its version and build key but no backend hashes, so the preflight cannot check ptxas")
+    elif len(tritons) > 1:
+        notes.append("the command ran several Triton installations: the archive records no packing Triton; the "
+                     "preflight checks each kernel's own Triton version")
+    info = ArchiveInfo(tritonpack=version, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=created,
+                       python=python, triton=triton)
+    return info, notes
+
+
+def retag_stubs(entries: Sequence[LocalEntry], python: PythonInfo | None) -> list[LocalEntry]:
+    """Launcher stubs are tagged with the Python that built them (the command's), not with this process's."""
+    if python is None:
+        return list(entries)
+    out = []
+    for e in entries:
+        if e.kind == FILE and e.stub is not None and e.stub.role == "launcher":
+            suffix = python.ext_suffix if e.stub.tag_from == "packer" else e.stub.ext_suffix
+            e = dataclasses.replace(e, stub=dataclasses.replace(e.stub, ext_suffix=suffix, platform=python.platform))
+        out.append(e)
+    return out
+
+
+@dataclass
+class RecordResult:
+    archive: str
+    command: list[str]
+    returncode: int
+    roots: list[str]
+    entries: dict[str, int]  # kind -> count
+    recorded: list[RecordedEntry]
+    not_packed: list[Skipped]
+    files: int
+    unique_blobs: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float  # the whole recording, command included
+    pack_seconds: float
+    processes: int  # processes that used Triton's cache
+    unsupported_managers: list[str] = field(default_factory=list)
+    foreign_manifests: int = 0
+    producer_notes: list[str] = field(default_factory=list)
+    triton_version: str | None = None
+
+    @property
+    def compiled(self) -> int:
+        return sum(1 for r in self.recorded if r.writes)
+
+    def summary(self) -> str:
+        count = plural(sum(self.entries.values()), "entry", "entries")
+        roots = ", ".join(self.roots) or "no root"
+        return (f"recorded {count} ({_counts(self.entries)}) used by `{shlex.join(self.command)}` from {roots}: "
+                f"{len(self.recorded) - self.compiled} served from the cache, {self.compiled} written by the run; "
+                f"{self.files} files, {human_bytes(self.bytes_in)} -> {human_bytes(self.bytes_out)} "
+                f"in {self.pack_seconds:.2f} s -> {self.archive}")
+
+    def notes(self) -> list[str]:
+        lines = []
+        if self.returncode != 0:
+            lines.append(f"the command exited with status {self.returncode}; packed what it used anyway "
+                         "(--allow-failure)")
+        by_reason: dict[str, list[str]] = {}
+        for s in self.not_packed:
+            by_reason.setdefault(s.reason, []).append(s.path)
+        for reason, paths in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+            shown = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+            lines.append(f"used but not packed, {len(paths)}: {reason} ({shown})")
+        lines += [f"{MANAGER_ENV}={m} keeps kernels outside Triton's file layout: what it served was not recorded"
+                  for m in self.unsupported_managers]
+        if self.foreign_manifests:
+            lines.append(f"{self.foreign_manifests} manifest(s) pointed outside their own directory (a copied "
+                         "cache); their files were read from the group's own directory")
+        return lines + self.producer_notes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _run(command: Sequence[str], env: Mapping[str, str], stdout: int | None) -> int:
+    try:
+        proc = subprocess.Popen(list(command), env=dict(env), stdout=stdout)
+    except FileNotFoundError:
+        raise UsageError("command not found", command[0]) from None
+    except OSError as e:
+        raise UsageError(f"cannot run: {e.strerror}", command[0]) from None
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # the terminal interrupted the command too: let it finish its own way
+        proc.wait()
+        raise
+
+
+def _status(returncode: int) -> str:
+    return f"was killed by signal {-returncode}" if returncode < 0 else f"exited with status {returncode}"
+
+
+def record(
+    command: Sequence[str],
+    output: str | os.PathLike = "kernels.tpack",
+    *,
+    level: int = DEFAULT_LEVEL,
+    allow_failure: bool = False,
+    stdout: int | None = None,
+) -> RecordResult:
+    """Run ``command`` with a tracking cache manager, then pack exactly the cache entries it used.
+
+    ``stdout``: a file descriptor for the command's standard output (default: inherited). Raises
+    ``RecordError`` when the command fails (unless ``allow_failure``) or used no Triton cache entry.
+    """
+    from . import __version__
+    from .api import _created
+    from .archive.writer import write_archive
+
+    command = list(command)
+    if not command:
+        raise UsageError("no command to record (tritonpack record -o OUT.tpack -- CMD [ARGS...])")
+    if not 1 <= level <= 22:
+        raise UsageError(f"compression level must be 1-22, not {level}")
+    directory = os.path.dirname(os.path.abspath(os.fspath(output)))
+    if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        raise UsageError("cannot write the archive there (checked before running the command)", os.fspath(output))
+    created = _created()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tritonpack-record-") as work:
+        shutil.copyfile(os.path.join(os.path.dirname(__file__), "record_hook.py"),
+                        os.path.join(work, f"{HOOK_MODULE}.py"))
+        log_path = os.path.join(work, "events.jsonl")
+        returncode = _run(command, hook_environment(os.environ, work, log_path), stdout)
+        lines: list[str] = []
+        with contextlib.suppress(FileNotFoundError), open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    log = parse_log(lines)
+    if returncode != 0 and not allow_failure:
+        raise RecordError(f"the command {_status(returncode)}; nothing was packed (--allow-failure packs what it "
+                          "used anyway)", command[0])
+    pack_start = time.perf_counter()
+    selection = select(log)
+    if not selection.entries:
+        why = (f"; {MANAGER_ENV}={log.unsupported[0]} keeps kernels outside Triton's file layout" if log.unsupported
+               else "" if log.uses else
+               f" (did it run Triton? A program that sets triton.knobs.cache.manager_class or {MANAGER_ENV} itself "
+               "bypasses the recording)")
+        detail = f"; {selection.not_packed[0].path}: {selection.not_packed[0].reason}" if selection.not_packed else ""
+        raise RecordError(f"the command used no Triton cache entry that can be packed{why}{detail}", command[0])
+    info, producer_notes = archive_info(selection.entries, log.processes, created, __version__)
+    entries = retag_stubs(selection.entries, info.python)
+    written = write_archive(os.fspath(output), entries, info, level=level)
+    now = time.perf_counter()
+    return RecordResult(
+        archive=os.fspath(output),
+        command=command,
+        returncode=returncode,
+        roots=sorted({r.root for r in selection.recorded}),
+        entries=kind_counts(e.kind for e in entries),
+        recorded=selection.recorded,
+        not_packed=selection.not_packed,
+        files=written.files,
+        unique_blobs=written.blobs,
+        bytes_in=written.bytes_in,
+        bytes_out=written.bytes_out,
+        seconds=now - start,
+        pack_seconds=now - pack_start,
+        processes=len(log.processes),
+        unsupported_managers=log.unsupported,
+        foreign_manifests=sum(1 for e in entries if e.foreign_manifest),
+        producer_notes=producer_notes + ([f"{log.bad_lines} unreadable line(s) in the event log were ignored"]
+                                         if log.bad_lines else []),
+        triton_version=info.triton.version if info.triton else None,
+    )
