@@ -21,16 +21,17 @@ from .errors import (
     UsageError,
 )
 from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
-from .oci import pull, push
-from .redis_cache import unpack_to_redis
 from .report import PackResult, UnpackResult
 
 if TYPE_CHECKING:
     from .merging import MergeResult, merge
+    from .oci import pull, push
     from .recording import RecordResult, record
+    from .redis_cache import unpack_to_redis
 
 # Loaded on first use: model-loading code that only calls ensure() or unpack() does not pay for them.
-_LAZY = {"record": "recording", "RecordResult": "recording", "merge": "merging", "MergeResult": "merging"}
+_LAZY = {"record": "recording", "RecordResult": "recording", "merge": "merging", "MergeResult": "merging",
+         "push": "oci", "pull": "oci", "unpack_to_redis": "redis_cache"}
 
 
 def __getattr__(name: str):

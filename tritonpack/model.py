@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 GROUP = "group"
 AUTOTUNE = "autotune"
@@ -15,9 +15,8 @@ def manifest_name(group_name: str) -> str:
     return f"__grp__{group_name}.json"
 
 
-@dataclass(frozen=True)
-class StoredFile:
-    """One file of an entry as the archive records it."""
+class StoredFile(NamedTuple):
+    """One file of an entry as the archive records it (a tuple: archives hold tens of thousands)."""
 
     name: str
     size: int

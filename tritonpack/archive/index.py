@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -43,8 +43,7 @@ class Block:
     codec: str = CODEC_ZSTD
 
 
-@dataclass(frozen=True)
-class BlobRef:
+class BlobRef(NamedTuple):
     """Where a distinct file content lives: a byte range of one block's decompressed data."""
 
     block: int
@@ -145,11 +144,14 @@ def _as_tuple(types) -> tuple:
     return types if isinstance(types, tuple) else (types,)
 
 
+_UNSAFE = re.compile(r"[/\\\x00]")
+
+
 def valid_file_name(name: Any) -> bool:
     """A single path component that is safe on every filesystem we write to."""
-    if not isinstance(name, str) or not name or name in (".", ".."):
+    if not isinstance(name, str) or not name or name in (".", "..") or _UNSAFE.search(name):
         return False
-    if any(c in name for c in "/\\\x00") or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    if len(name) * 4 > MAX_NAME_BYTES and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return False
     return not name.startswith("tmp.")
 
@@ -230,15 +232,17 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
         blocks.append(block)
 
     blobs: list[BlobRef] = []
-    for n, raw_blob in enumerate(doc.get("blobs", list)):
-        if not (isinstance(raw_blob, list) and len(raw_blob) == 4):
+    block_sizes = [b.size for b in blocks]
+    for n, raw_blob in enumerate(doc.get("blobs", list)):  # tens of thousands: plain checks, no helpers
+        if type(raw_blob) is not list or len(raw_blob) != 4:
             raise ArchiveError(f"index: blobs[{n}] is malformed", path)
         block, offset, size, digest = raw_blob
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (block, offset, size)):
+        if type(block) is not int or type(offset) is not int or type(size) is not int or \
+                block < 0 or offset < 0 or size < 0:
             raise ArchiveError(f"index: blobs[{n}] is malformed", path)
-        if not isinstance(digest, bytes) or len(digest) != 32:
+        if type(digest) is not bytes or len(digest) != 32:
             raise ArchiveError(f"index: blobs[{n}] has no valid sha256", path)
-        if block >= len(blocks) or offset + size > blocks[block].size:
+        if block >= len(block_sizes) or offset + size > block_sizes[block]:
             raise ArchiveError(f"index: blobs[{n}] points outside its block", path)
         blobs.append(BlobRef(block, offset, size, digest))
 
