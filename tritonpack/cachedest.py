@@ -33,6 +33,7 @@ class Placement:
     entry: Entry
     action: str
     files: tuple[int, ...] = ()  # indices into entry.files to write
+    manifest_seen: bool = False  # a group's manifest existed when this was planned (only then may it be hidden)
 
     @property
     def writes_manifest(self) -> bool:
@@ -75,6 +76,8 @@ def _read_manifest(path: str):
 def place(root: str, number: int, entry: Entry, overwrite: bool) -> Placement:
     """Compare one entry with what the root holds and decide what to do."""
     key_dir = os.path.join(root, entry.key)
+    if os.path.islink(key_dir):  # never write through a link out of the root, even with overwrite
+        return Placement(number, entry, CONFLICT)
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
     differs = any(s is False for s in states)
     todo = tuple(i for i, s in enumerate(states) if s is not True)
@@ -88,13 +91,13 @@ def place(root: str, number: int, entry: Entry, overwrite: bool) -> Placement:
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
         return Placement(number, entry, WRITE, todo)
     if differs:
-        return Placement(number, entry, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
+        return Placement(number, entry, REPLACE if overwrite else CONFLICT, todo if overwrite else (), True)
     if todo:  # a manifest whose files are missing is a broken group: repair it
-        return Placement(number, entry, WRITE, todo)
+        return Placement(number, entry, WRITE, todo, True)
     expected = json.loads(manifest_bytes(root, entry))
     if manifest == expected:
-        return Placement(number, entry, PRESENT)
-    return Placement(number, entry, RELINK)
+        return Placement(number, entry, PRESENT, (), True)
+    return Placement(number, entry, RELINK, (), True)
 
 
 def atomic_write(directory: str, name: str, data: bytes) -> None:
@@ -114,6 +117,7 @@ def atomic_write(directory: str, name: str, data: bytes) -> None:
 class Written:
     files: int
     bytes: int
+    placements: tuple[Placement, ...] = ()  # what was done in the end (see staging: entries are re-checked)
 
 
 def materialize(
@@ -122,36 +126,12 @@ def materialize(
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
 ) -> Written:
-    """Write the planned files, then the manifests. Raises ``CacheError`` on any filesystem failure."""
+    """Write the planned files, then the manifests, staged so that a failure changes nothing visible (see
+    ``staging``). Raises ``CacheError`` on any filesystem failure, ``ArchiveError`` on a bad block."""
+    from .staging import write_staged
+
     root = os.path.abspath(root)
     try:
-        return _materialize(reader, root, placements, on_file)
+        return write_staged(reader, root, placements, on_file)
     except OSError as e:
         raise CacheError(f"cannot write: {e.strerror}", e.filename or root) from e
-
-
-def _materialize(reader, root, placements, on_file) -> Written:
-    targets: dict[int, list[tuple[str, str]]] = {}
-    for p in placements:
-        if p.action not in (WRITE, REPLACE, RELINK):
-            continue
-        key_dir = os.path.join(root, p.entry.key)
-        os.makedirs(key_dir, exist_ok=True)
-        if p.entry.kind == GROUP and p.files:
-            # Hide the group from Triton while its files change: the manifest goes first, comes back last.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
-        for i in p.files:
-            targets.setdefault(reader.blob_of(p.number, i), []).append((key_dir, p.entry.files[i].name))
-    files = written = 0
-    for blob, content in reader.iter_blobs(targets):
-        for key_dir, name in targets[blob]:
-            atomic_write(key_dir, name, content)
-            files += 1
-            written += len(content)
-            if on_file:
-                on_file(len(content))
-    for p in placements:
-        if p.writes_manifest:
-            atomic_write(os.path.join(root, p.entry.key), manifest_name(p.entry.name), manifest_bytes(root, p.entry))
-    return Written(files, written)
