@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections import deque
 from collections.abc import Iterable, Iterator
 
@@ -16,6 +17,7 @@ from ..errors import ArchiveError, IntegrityError, UsageError
 from ..model import ArchiveInfo, Entry
 from .format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
 from .index import CODEC_ZSTD, Block, Index, decode_index
+from .limits import check_expansion, check_ratio
 
 
 def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
@@ -23,6 +25,8 @@ def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
         params = zstandard.get_frame_parameters(data)
     except zstandard.ZstdError:
         raise ArchiveError(f"{what} is not a zstd frame", path) from None
+    if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+        raise ArchiveError(f"{what} is a zstd frame without a content size", path)
     if params.content_size != size:
         raise ArchiveError(f"{what} declares {params.content_size} bytes, the index says {size}", path)
     try:
@@ -34,13 +38,23 @@ def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
     return out
 
 
+def _open_regular(path: str):
+    """Open for reading; a FIFO must not block the open, and only a regular file can be read by offset."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise IsADirectoryError if stat.S_ISDIR(mode) else UsageError("not a regular file", path)
+    return os.fdopen(fd, "rb")
+
+
 class ArchiveReader:
     """An open ``.tpack`` archive. Use as a context manager, or call ``close()``."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            self._file = open(self.path, "rb")  # noqa: SIM115 - held for the reader's lifetime
+            self._file = _open_regular(self.path)
         except FileNotFoundError:
             raise UsageError("no such archive", self.path) from None
         except IsADirectoryError:
@@ -61,6 +75,7 @@ class ArchiveReader:
             raise ArchiveError("truncated archive (no trailer)", self.path)
         f.seek(size - TRAILER_SIZE)
         trailer = parse_trailer(f.read(TRAILER_SIZE), size, self.path)
+        check_ratio(trailer.index_size, trailer.index_length, "index", self.path)
         f.seek(trailer.index_offset)
         compressed = f.read(trailer.index_length)
         if hashlib.sha256(compressed).digest() != trailer.index_sha256:
@@ -70,6 +85,7 @@ class ArchiveReader:
         for n, block in enumerate(index.blocks):
             if block.offset < HEADER_SIZE or block.offset + block.length > trailer.index_offset:
                 raise ArchiveError(f"index: blocks[{n}] lies outside the data region", self.path)
+        check_expansion(index, self.path)
         self.digest = hashlib.sha256(compressed).hexdigest()
         return index
 
