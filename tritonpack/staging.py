@@ -92,12 +92,15 @@ class _Writer:
 
     def stage(self, directory: str, data: bytes) -> str:
         try:
-            fd, path = self.lock.create(directory)
-        except FileNotFoundError:  # a failing concurrent unpack removed the empty directory: make it again
-            os.makedirs(directory, exist_ok=True)
-            fd, path = self.lock.create(directory)
-        self.temps.add(path)
-        _write_all(fd, data)
+            try:
+                fd, path = self.lock.create(directory)
+            except FileNotFoundError:  # a failing concurrent unpack removed the empty directory: make it again
+                os.makedirs(directory, exist_ok=True)
+                fd, path = self.lock.create(directory)
+            self.temps.add(path)
+            _write_all(fd, data)
+        except OSError as e:  # name the directory: the temp file is gone by the time the error is shown
+            raise OSError(e.errno, e.strerror, directory) from e
         return path
 
     def move(self, temp: str, final: str) -> None:
