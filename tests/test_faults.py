@@ -15,7 +15,7 @@ from collections import namedtuple
 
 import pytest
 from conftest import snapshot
-from invariants import expected_groups, group_problems, temp_files, tree
+from invariants import expected_groups, group_problems, sha, temp_files, tree
 
 import tritonpack
 from tritonpack import staging
@@ -300,3 +300,87 @@ def test_links_in_the_source_are_never_followed_into_the_archive(tmp_path, compi
     with tritonpack.open(archive) as reader:
         assert all(f.sha256 != digest for e in reader.entries for f in e.files)
         assert group.name not in {e.key for e in reader.entries if e.kind == "group"}
+
+
+# -- a kill at every step of the commit, deterministically --
+
+def _killed_at(step: int, archive, root, overwrite: bool, where: str) -> int:
+    """Fork; the child unpacks and dies like kill -9 (no clean-up runs) just before its ``step``-th rename
+    (``where="move"``) or staged write (``where="write"``). Returns how many such steps the child reached."""
+    counter = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(counter[0])
+            calls = [0]
+            real = staging._Writer.move if where == "move" else staging._write_all
+
+            def dying(*args):
+                if calls[0] == step:
+                    os.write(counter[1], str(calls[0]).encode())
+                    os._exit(137)
+                calls[0] += 1
+                return real(*args)
+
+            if where == "move":
+                staging._Writer.move = dying
+            else:
+                staging._write_all = dying
+            tritonpack.unpack(archive, root, overwrite=overwrite)
+            os.write(counter[1], str(calls[0]).encode())
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    os.close(counter[1])
+    _, status = os.waitpid(pid, 0)
+    reached = os.read(counter[0], 64)
+    os.close(counter[0])
+    assert os.WEXITSTATUS(status) in (0, 137), status
+    return int(reached or b"-1")
+
+
+@pytest.mark.parametrize("where", ["move", "write"])
+def test_killed_at_every_step_of_an_overwrite(fast_tmp, compiled_root, where):
+    """A root whose every group differs from the archive in three files, unpacked with --overwrite and killed
+    before each rename of the commit (or each staged write): every visible group is wholly the user's or wholly
+    the archive's, and a re-run completes with no temp file left."""
+    tmp_path = fast_tmp
+    source = tmp_path / "source"
+    shutil.copytree(compiled_root, source)
+    for manifest in sorted(source.glob("*/__grp__*.json"))[3:]:
+        shutil.rmtree(manifest.parent)
+    archive = tmp_path / "three.tpack"
+    tritonpack.pack(source, archive)
+    base = tmp_path / "base"
+    tritonpack.unpack(archive, base)
+    for manifest in base.glob("*/__grp__*.json"):
+        name = manifest.name[7:-5]
+        for suffix in (".json", ".ttir", ".llir"):
+            with open(manifest.parent / f"{name}{suffix}", "ab") as f:
+                f.write(b" ")
+    users = {}
+    for manifest in base.glob("*/__grp__*.json"):
+        children = json.loads(manifest.read_text())["child_paths"]
+        users[(manifest.parent.name, manifest.name[7:-5])] = {c: sha(p) for c, p in children.items()}
+    versions = {k: [v, users[k]] for k, v in expected_groups(archive).items()}
+    step, seen = 0, set()
+    while True:
+        root = tmp_path / f"root-{where}-{step}"
+        shutil.copytree(base, root, symlinks=True)
+        # the copy's manifests still point into base: make them the user's own, in place
+        for manifest in root.glob("*/__grp__*.json"):
+            children = json.loads(manifest.read_text())["child_paths"]
+            manifest.write_text(json.dumps({"child_paths": {c: str(manifest.parent / c) for c in children}}))
+        reached = _killed_at(step, archive, root, True, where)
+        problems = group_problems(root, versions)
+        assert not problems, (where, step, problems)
+        seen.add(len(list(root.glob("*/__grp__*.json"))))
+        assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "-q"]) == 0
+        assert not temp_files(root) and not group_problems(root, allowed(archive))
+        shutil.rmtree(root)
+        if reached < step:  # the child finished without reaching this step: every step was covered
+            break
+        step += 1
+    assert step >= 12
+    if where == "move":
+        assert min(seen) < max(seen), "some kills must land while groups are hidden"
