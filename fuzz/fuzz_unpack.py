@@ -80,9 +80,12 @@ def _split(data: bytes):
     offset, length, size = struct.unpack("<QQQ", data[-64:-40])
     if not 16 <= offset <= len(data) - 64 or offset + length != len(data) - 64 or size > 8 << 20:
         return None
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data[offset:offset + length], max_output_size=8 << 20)
-    except zstandard.ZstdError:
+    frame = data[offset:offset + length]
+    try:  # the declared size first: zstandard allocates it whatever max_output_size says
+        if not 0 < zstandard.get_frame_parameters(frame).content_size <= 8 << 20:
+            return None
+        raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=8 << 20)
+    except (zstandard.ZstdError, MemoryError):
         return None
     return data[:offset], raw
 

@@ -1,7 +1,9 @@
 """Run inside a private mount namespace (``unshare -m``) by tests/test_diskfull.py: unpack onto small real tmpfs
 filesystems, full by bytes or by inodes, and report what happened as JSON on stdout.
 
-Usage: unshare -m python tests/diskfull_child.py ARCHIVE WORKDIR    (exit 77: mounting is not possible here)
+Usage: unshare -m python tests/diskfull_child.py ARCHIVE WORKDIR [STEPS]   (exit 77: mounting is not possible)
+STEPS (default 10) filesystem sizes from 1/8 to 3/2 of what the archive needs, each with and without the free-space
+precheck, and as many inode limits. A summary goes to stderr.
 """
 from __future__ import annotations
 
@@ -106,15 +108,27 @@ def main_child() -> None:
     except (subprocess.CalledProcessError, OSError) as e:
         print(f"cannot mount a tmpfs here: {getattr(e, 'stderr', b'') or e}", file=sys.stderr)
         sys.exit(77)
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 10
     results = []
-    need = sum(-(-f.size // 4096) * 4096 for e in tritonpack.open(archive).entries for f in e.files)
+    with tritonpack.open(archive) as reader:
+        need = sum(-(-f.size // 4096) * 4096 for e in reader.entries for f in e.files)
+        files = sum(len(e.files) + 1 for e in reader.entries)
+    sizes = sorted({max(64 * KiB, need // 8 + (need * 3 // 2 - need // 8) * k // steps) for k in range(steps)}
+                   | {need * 2})
     for precheck in (False, True):
-        for size in sorted({max(64 * KiB, need * k // 8) for k in range(1, 11)} | {need * 2}):
+        for size in sizes:
             results.append(attempt(archive, mnt, size, 10000, precheck))
-    files = sum(len(e.files) + 1 for e in tritonpack.open(archive).entries)
-    for inodes in (files // 4, files // 2, files - 2, files * 3):
+    for inodes in sorted({max(4, files * k // steps) for k in range(1, steps + 1)} | {files * 3}):
         results.append(attempt(archive, mnt, need * 3, inodes, False))
     shutil.rmtree(mnt, ignore_errors=True)
+    done = [r for r in results if "skipped" not in r]
+    failed = [r for r in done if r["exit"] != 0]
+    print(f"{len(done)} unpacks onto full filesystems: {len(done) - len(failed)} complete, {len(failed)} refused "
+          f"({sum('No space left' in r['stderr'] for r in failed)} by ENOSPC mid-write, "
+          f"{sum('not enough free' in r['stderr'] for r in failed)} by the precheck); changed the filesystem "
+          f"when refused: {sum(not r['unchanged'] for r in failed)}; temp files left: "
+          f"{sum(bool(r['temp_files']) for r in done)}; partial groups: {sum(bool(r['problems']) for r in done)}",
+          file=sys.stderr)
     print(json.dumps(results))
 
 
