@@ -51,3 +51,18 @@ def compiled_root(tmp_path_factory) -> Path:
 def gpu_cache() -> Path:
     """The real H200 cache (Triton 3.6, autotuned kernel, launcher stubs) committed in fixtures/."""
     return FIXTURES / "h200-triton36" / "cache"
+
+
+@pytest.fixture()
+def fast_tmp(tmp_path) -> Path:
+    """A temp dir on a tmpfs when there is one, for tests that write and remove thousands of small files (disk
+    metadata operations can cost milliseconds each); ``tmp_path`` otherwise."""
+    import shutil
+    import tempfile
+
+    if os.access("/dev/shm", os.W_OK):
+        path = Path(tempfile.mkdtemp(prefix="tritonpack-test-", dir="/dev/shm"))
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        yield tmp_path

@@ -54,6 +54,15 @@ def _counter(total: int, progress: Progress | None):
     return on_file
 
 
+def _refuse_output_inside(root: str, output) -> None:
+    """Pack never changes its source: not even an archive (or its temp file) may land inside the root."""
+    where = os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(output))))
+    source = os.path.realpath(root)
+    if os.path.isdir(source) and os.path.commonpath([where, source]) == source:
+        raise UsageError("the archive would be written inside the cache it packs; choose another -o",
+                         os.fspath(output))
+
+
 def pack(
     cache_dir: str | os.PathLike | None = None,
     output: str | os.PathLike = "kernels.tpack",
@@ -74,6 +83,7 @@ def pack(
     root = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
+    _refuse_output_inside(root, output)
     scan = scan_cache(root)
     if not selection.everything:
         scan.entries = [replace(e, files=tuple(e.files[i] for i in selection.file_indices(e)))
@@ -190,6 +200,7 @@ def unpack(
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
         written = materialize(reader, root, placements, on_file=_counter(total, progress))
+        placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten
         actions = [p.action for p in placements]
         return UnpackResult(
             archive=os.fspath(archive),

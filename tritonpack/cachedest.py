@@ -11,9 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .archive.reader import ArchiveReader
@@ -26,9 +24,6 @@ RELINK = "relink"  # identical files, manifest points elsewhere: manifest rewrit
 CONFLICT = "conflict"  # different content present: kept
 REPLACE = "replace"  # different content present and overwrite asked: replaced
 
-WRITERS = 4
-MAX_PENDING_WRITES = 256
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -38,6 +33,7 @@ class Placement:
     blobs: tuple[int, ...]  # the archive's blob for each of entry.files
     action: str
     files: tuple[int, ...] = ()  # indices into entry.files to write
+    manifest_seen: bool = False  # a group's manifest existed when this was planned (only then may it be hidden)
 
     @property
     def writes_manifest(self) -> bool:
@@ -80,6 +76,8 @@ def _read_manifest(path: str):
 def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> Placement:
     """Compare one entry with what the root holds and decide what to do."""
     key_dir = os.path.join(root, entry.key)
+    if os.path.islink(key_dir):  # never write through a link out of the root, even with overwrite
+        return Placement(entry, blobs, CONFLICT)
     if not os.path.isdir(key_dir):  # the common case of a fresh root: one stat instead of one per file
         return Placement(entry, blobs, WRITE, tuple(range(len(entry.files))))
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
@@ -95,13 +93,23 @@ def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> P
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
         return Placement(entry, blobs, WRITE, todo)
     if differs:
-        return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
+        return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else (), True)
     if todo:  # a manifest whose files are missing is a broken group: repair it
-        return Placement(entry, blobs, WRITE, todo)
+        return Placement(entry, blobs, WRITE, todo, True)
     expected = json.loads(manifest_bytes(root, entry))
     if manifest == expected:
-        return Placement(entry, blobs, PRESENT)
-    return Placement(entry, blobs, RELINK)
+        return Placement(entry, blobs, PRESENT, (), True)
+    return Placement(entry, blobs, RELINK, (), True)
+
+
+def write_fd(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd`` and close it."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
@@ -109,12 +117,7 @@ def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
     tmp = os.path.join(directory, f"tmp.tpack.{os.getpid()}.{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        write_fd(fd, data)
         os.replace(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -126,6 +129,7 @@ def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
 class Written:
     files: int
     bytes: int
+    placements: tuple[Placement, ...] = ()  # what was done in the end (see staging: entries are re-checked)
 
 
 def materialize(
@@ -134,51 +138,12 @@ def materialize(
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
 ) -> Written:
-    """Write the planned files, then the manifests. Raises ``CacheError`` on any filesystem failure."""
+    """Write the planned files, then the manifests, staged so that a failure changes nothing visible (see
+    ``staging``). Raises ``CacheError`` on any filesystem failure, ``ArchiveError`` on a bad block."""
+    from .staging import write_staged
+
     root = os.path.abspath(root)
     try:
-        return _materialize(reader, root, placements, on_file)
+        return write_staged(reader, root, placements, on_file)
     except OSError as e:
         raise CacheError(f"cannot write: {e.strerror}", e.filename or root) from e
-
-
-def _materialize(reader, root, placements, on_file) -> Written:
-    targets: dict[int, list[tuple[str, str]]] = {}
-    os.makedirs(root, exist_ok=True)
-    for p in placements:
-        if p.action not in (WRITE, REPLACE, RELINK):
-            continue
-        key_dir = os.path.join(root, p.entry.key)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(key_dir)
-        if p.entry.kind == GROUP and p.files:
-            # Hide the group from Triton while its files change: the manifest goes first, comes back last.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
-        for i in p.files:
-            targets.setdefault(p.blobs[i], []).append((key_dir, p.entry.files[i].name))
-    files = written = 0
-    # Creating files is the cost of an unpack; a few writer threads overlap it with decoding and hashing.
-    with ThreadPoolExecutor(max_workers=WRITERS) as pool:
-        pending: deque[tuple[Future, int]] = deque()
-        for blob, content in reader.iter_blobs(targets):
-            for key_dir, name in targets[blob]:
-                pending.append((pool.submit(atomic_write, key_dir, name, content), len(content)))
-            while len(pending) > MAX_PENDING_WRITES or (pending and pending[0][0].done()):
-                future, size = pending.popleft()
-                future.result()
-                files += 1
-                written += size
-                if on_file:
-                    on_file(size)
-        for future, size in pending:
-            future.result()
-            files += 1
-            written += size
-            if on_file:
-                on_file(size)
-        manifests = [pool.submit(atomic_write, os.path.join(root, p.entry.key), manifest_name(p.entry.name),
-                                 manifest_bytes(root, p.entry)) for p in placements if p.writes_manifest]
-        for future in manifests:
-            future.result()
-    return Written(files, written)

@@ -20,6 +20,7 @@ from .errors import (
     UsageError,
 )
 from .listing import check_to_dict, entry_to_dict, info_to_dict, render_check, render_table
+from .safetext import printable, printable_lines
 from .selection import Selection
 
 # The one place where errors become exit codes.
@@ -50,7 +51,11 @@ app = typer.Typer(
 
 
 def _err(line: str) -> None:
-    typer.echo(line, err=True)
+    typer.echo(printable(line), err=True)  # names come from archives: one line, no terminal escapes
+
+
+def _out(text: str) -> None:
+    typer.echo(printable_lines(text))
 
 
 @contextmanager
@@ -92,7 +97,7 @@ def _emit(result, as_json: bool, quiet: bool) -> None:
     if not quiet:
         for line in result.notes():
             _err(line)
-        typer.echo(result.summary())
+        typer.echo(printable(result.summary()))
 
 
 @app.command()
@@ -180,7 +185,7 @@ def check(
     if as_json:
         typer.echo(_json(check_to_dict(report, archive)))
     elif not quiet:
-        typer.echo(render_check(report, archive))
+        _out(render_check(report, archive))
     if report.verdicts and not report.usable:
         raise typer.Exit(5)
     if report.unusable:
@@ -243,7 +248,7 @@ def list_(
                    "entries": [entry_to_dict(e) for e in reader.entries]}
             typer.echo(_json(doc))
         else:
-            typer.echo(render_table(reader.info, reader.entries, archive))
+            _out(render_table(reader.info, reader.entries, archive))
 
 
 PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback registries only)."

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .compat import CheckReport
 from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
 from .report import human_bytes
+from .safetext import printable
 
 
 def entry_to_dict(entry: Entry) -> dict:
@@ -21,12 +22,23 @@ def entry_to_dict(entry: Entry) -> dict:
                  hash=k.hash, env=k.env)
     if entry.autotune:
         a = entry.autotune
-        d.update(function=a.function, tuning_key=a.tuning_key, configs=a.configs, best_config=a.best_config,
-                 best_timing=a.best_timing)
+        d.update(function=a.function, tuning_key=_jsonable(a.tuning_key), configs=a.configs,
+                 best_config=_jsonable(a.best_config), best_timing=a.best_timing)
     if entry.stub:
         s = entry.stub
         d.update(role=s.role, ext_suffix=s.ext_suffix, platform=s.platform, tag_from=s.tag_from)
     return d
+
+
+def _jsonable(value):
+    """Autotune values are any msgpack values (depth-limited by the reader): binary becomes hex, keys text."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {(k.hex() if isinstance(k, bytes) else k): _jsonable(v) for k, v in value.items()}
+    return value
 
 
 def info_to_dict(info: ArchiveInfo, digest: str) -> dict:
@@ -41,13 +53,15 @@ def info_to_dict(info: ArchiveInfo, digest: str) -> dict:
 
 
 def _config_text(config: dict) -> str:
-    kwargs = config.get("kwargs") or {}
+    kwargs = config.get("kwargs")
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
     parts = [f"{k}={v}" for k, v in kwargs.items()]
     parts += [f"{k}={config[k]}" for k in ("num_warps", "num_stages", "num_ctas") if k in config]
     return ", ".join(parts)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    rows = [[printable(cell) for cell in row] for row in rows]  # names come from the archive
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
@@ -56,8 +70,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def render_table(info: ArchiveInfo, entries: tuple[Entry, ...], archive: str) -> str:
     triton = f"Triton {info.triton.version}" if info.triton else "Triton unknown"
     python = f"{info.python.cache_tag} {info.python.platform}" if info.python else "python unknown"
-    out = [f"{archive}: tpack {'.'.join(map(str, info.format_version))}, tritonpack {info.tritonpack}, "
-           f"{triton}, {python}"]
+    out = [printable(f"{archive}: tpack {'.'.join(map(str, info.format_version))}, tritonpack {info.tritonpack}, "
+                     f"{triton}, {python}")]
     groups = [e for e in entries if e.kind == GROUP]
     if groups:
         rows = []
@@ -102,11 +116,11 @@ def render_check(report: CheckReport, archive: str) -> str:
         what = e.target if e.kind == GROUP else e.kind
         status = "ok" if v.usable else "; ".join(str(m) for m in v.mismatches)
         rows.append([e.name, what or "?", e.key[:12], status])
-    out = [f"{archive}", _environment_line(report), ""]
+    out = [printable(f"{archive}"), _environment_line(report), ""]
     if rows:
         out += _table(["name", "target", "key", "will be used"], rows)
         out.append("")
-    out += report.lines()
+    out += [printable(line) for line in report.lines()]
     out.append(report.summary())
     return "\n".join(out)
 

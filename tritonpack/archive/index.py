@@ -28,8 +28,10 @@ from ..model import (
     TritonInfo,
 )
 from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
+from .limits import IndexTooLarge, msgpack_budget
 
 CODEC_ZSTD = "zstd"
+MAX_META_DEPTH = 32  # reader policy: autotune values are printed and turned into JSON, which recurse
 KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 
 
@@ -140,6 +142,10 @@ class _Fields:
         return value
 
 
+def _is_uint(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
 def _as_tuple(types) -> tuple:
     return types if isinstance(types, tuple) else (types,)
 
@@ -183,6 +189,15 @@ def _decode_info(doc: _Fields, version: tuple[int, int], path: str) -> ArchiveIn
     )
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of a msgpack value, stopping early once past the limit."""
+    depth, level = 0, [value]
+    while level and depth <= MAX_META_DEPTH:
+        level = [v for x in level if isinstance(x, (list, dict)) for v in (x.values() if isinstance(x, dict) else x)]
+        depth += 1
+    return depth if not level else MAX_META_DEPTH + 1
+
+
 def _decode_meta(kind: str, meta: _Fields) -> dict:
     if kind == GROUP:
         env = meta.get("env", dict, False) or {}
@@ -195,6 +210,9 @@ def _decode_meta(kind: str, meta: _Fields) -> dict:
             num_ctas=meta.uint("num_ctas", False), shared=meta.uint("shared", False),
             triton_version=meta.get("triton_version", str, False), hash=meta.get("hash", str, False), env=env)}
     if kind == AUTOTUNE:
+        for name in ("tuning_key", "best_config"):
+            if _depth(meta.data.get(name)) > MAX_META_DEPTH:
+                raise ArchiveError(f"index: {meta.where}.{name} is nested too deeply", meta.path)
         timing = meta.get("best_timing", list, False) or []
         if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in timing):
             raise ArchiveError(f"index: {meta.where}.best_timing has the wrong type", meta.path)
@@ -209,15 +227,20 @@ def _decode_meta(kind: str, meta: _Fields) -> dict:
 
 def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     try:
-        data = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True, **msgpack_budget(len(raw)))
+    except IndexTooLarge as e:
+        raise ArchiveError(f"index holds more than {e.args[0]} values (reader limit)", path) from None
     except Exception as e:  # msgpack raises several unrelated types on bad input
         raise ArchiveError(f"index is not valid msgpack ({type(e).__name__})", path) from None
     doc = _Fields(data, "index", path)
     if doc.get("format", str) != "tpack":
         raise ArchiveError("index: not a tpack index", path)
     declared = doc.get("version", list)
-    if not declared or declared[0] != version[0]:
-        raise ArchiveError(f"index: version {declared!r} does not match the header's {version[0]}.x", path)
+    if not (len(declared) == 2 and all(_is_uint(v) for v in declared)):
+        raise ArchiveError("index: version has the wrong type", path)
+    if declared[0] != version[0]:
+        raise ArchiveError(f"index: version {declared[0]}.{declared[1]} does not match the header's "
+                           f"{version[0]}.x", path)
     info = _decode_info(doc, version, path)
 
     blocks: list[Block] = []

@@ -16,6 +16,7 @@ from ..errors import ArchiveError, IntegrityError
 from ..model import ArchiveInfo, Entry
 from .format import HEADER_SIZE, IN_FLIGHT, TRAILER_SIZE, parse_header, parse_trailer
 from .index import CODEC_ZSTD, Block, Index, decode_index
+from .limits import check_expansion, check_ratio
 from .source import ByteSource, LocalFile
 
 
@@ -24,6 +25,8 @@ def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
         params = zstandard.get_frame_parameters(data)
     except zstandard.ZstdError:
         raise ArchiveError(f"{what} is not a zstd frame", path) from None
+    if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+        raise ArchiveError(f"{what} is a zstd frame without a content size", path)
     if params.content_size != size:
         raise ArchiveError(f"{what} declares {params.content_size} bytes, the index says {size}", path)
     try:
@@ -55,6 +58,7 @@ class ArchiveReader:
         if size < HEADER_SIZE + TRAILER_SIZE:
             raise ArchiveError("truncated archive (no trailer)", self.path)
         trailer = parse_trailer(source.read_at(size - TRAILER_SIZE, TRAILER_SIZE), size, self.path)
+        check_ratio(trailer.index_size, trailer.index_length, "index", self.path)
         compressed = source.read_at(trailer.index_offset, trailer.index_length)
         if hashlib.sha256(compressed).digest() != trailer.index_sha256:
             raise IntegrityError("index digest mismatch (archive corrupt or truncated)", self.path)
@@ -63,6 +67,7 @@ class ArchiveReader:
         for n, block in enumerate(index.blocks):
             if block.offset < HEADER_SIZE or block.offset + block.length > trailer.index_offset:
                 raise ArchiveError(f"index: blocks[{n}] lies outside the data region", self.path)
+        check_expansion(index, self.path)
         self.digest = hashlib.sha256(compressed).hexdigest()
         return index
 

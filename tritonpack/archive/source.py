@@ -3,6 +3,7 @@ later a remote object read by HTTP range requests, are the same to it."""
 from __future__ import annotations
 
 import os
+import stat
 from typing import Protocol
 
 from ..errors import ArchiveError, UsageError
@@ -26,14 +27,20 @@ class LocalFile:
     def __init__(self, path: str | os.PathLike):
         self.name = os.fspath(path)
         try:
-            self._fd = os.open(self.name, os.O_RDONLY)
+            # Non-blocking, so that a FIFO named as the archive cannot hang the open; only a regular file can be
+            # read by offset.
+            self._fd = os.open(self.name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise UsageError("no such archive", self.name) from None
+        except IsADirectoryError:
+            raise UsageError("is a directory, not an archive", self.name) from None
         except OSError as e:
             raise UsageError(f"cannot open: {e.strerror}", self.name) from None
-        if not os.path.isfile(self.name):
+        mode = os.fstat(self._fd).st_mode
+        if not stat.S_ISREG(mode):
             os.close(self._fd)
-            raise UsageError("not a regular file, not an archive", self.name)
+            what = "is a directory, not an archive" if stat.S_ISDIR(mode) else "not a regular file"
+            raise UsageError(what, self.name)
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size

@@ -1,0 +1,387 @@
+"""Faults around an unpack, in one process: a full disk or quota mid-write, a writer that completes a group between
+plan and commit, leftovers of killed runs, and what pack and unpack may never do to the user's files."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections import namedtuple
+
+import pytest
+from conftest import snapshot
+from invariants import expected_groups, group_problems, sha, temp_files, tree
+
+import tritonpack
+from tritonpack import staging
+from tritonpack.cachedest import place
+from tritonpack.cli import main
+
+
+@pytest.fixture()
+def archive(tmp_path, compiled_root):
+    path = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, path)
+    return path
+
+
+def allowed(archive):
+    """Each visible group must be exactly the archive's version."""
+    return {k: [v] for k, v in expected_groups(archive).items()}
+
+
+def make_differing_group(root):
+    """Change one file of one group and return the group's directory: the user's own, differing content."""
+    victim = sorted(root.glob("*/*.ttir"))[0]
+    victim.write_text("// the user's own build\n")
+    manifest = next(victim.parent.glob("__grp__*.json"))
+    children = json.loads(manifest.read_text())["child_paths"]
+    assert victim.name in children
+    return victim.parent
+
+
+# -- disk full and quota --
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+@pytest.mark.parametrize("fail_at", [0.0, 0.1, 0.5, 1.0])
+def test_disk_full_mid_write_changes_nothing(tmp_path, archive, monkeypatch, capsys, code, fail_at):
+    """The n-th staged write fails as a full disk or quota would: exit 4, one line, no temp file, no partial
+    group, and the user's differing group (with --overwrite asked) untouched. Real ENOSPC: test_diskfull.py."""
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    mine = make_differing_group(root)
+    for manifest in sorted(root.glob("*/__grp__*.json"))[-2:]:  # two groups to write again
+        if manifest.parent != mine:
+            shutil.rmtree(manifest.parent)
+    before = snapshot(root)
+    with tritonpack.open(archive) as reader:
+        plan = [place(str(root), e, tuple(reader.blob_of(n, i) for i in range(len(e.files))), True)
+                for n, e in enumerate(reader.entries)]
+    writes = sum(len(p.files) + p.writes_manifest for p in plan)
+    assert writes > 10
+    fail_at = min(int(fail_at * writes), writes - 1)  # the first, ..., the last write
+    real = staging._write_all
+    calls = []
+
+    def failing(fd, data):
+        calls.append(len(data))
+        if len(calls) > fail_at:
+            os.close(fd)
+            raise OSError(code, os.strerror(code))
+        real(fd, data)
+
+    monkeypatch.setattr(staging, "_write_all", failing)
+    rc = main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 4 and err.count("\n") == 1 and os.strerror(code) in err, err
+    assert snapshot(root) == before, "nothing visible may change"
+    assert not temp_files(root)
+    monkeypatch.setattr(staging, "_write_all", real)
+    assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "-q"]) == 0
+    assert not group_problems(root, allowed(archive)) and not temp_files(root)
+
+
+def test_free_space_is_checked_before_writing(tmp_path, archive, monkeypatch, capsys):
+    root = tmp_path / "root"
+    real = os.statvfs
+    Fake = namedtuple("Fake", "f_bsize f_frsize f_blocks f_bfree f_bavail f_files f_ffree f_favail f_flag f_namemax")
+
+    def tiny(path, blocks=3, inodes=1000):
+        st = real(path)
+        return Fake(4096, 4096, st.f_blocks, blocks, blocks, 10**6, inodes, inodes, 0, 255)
+
+    monkeypatch.setattr(os, "statvfs", tiny)
+    assert main(["unpack", str(archive), "--cache-dir", str(root)]) == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not enough free space: unpacking needs " in err and "12.3 kB available" in err
+    assert not root.exists()
+    monkeypatch.setattr(os, "statvfs", lambda p: tiny(p, blocks=10**6, inodes=5))
+    assert main(["unpack", str(archive), "--cache-dir", str(root)]) == 4
+    assert "not enough free inodes" in capsys.readouterr().err
+    assert not root.exists()
+
+
+# -- concurrent writers between plan and commit --
+
+def _racing_place(monkeypatch, act):
+    """Run ``act(root, entry)`` once, just before the first entry is re-checked at commit time."""
+    real = staging.place
+    done = []
+
+    def place(root, entry, blobs, overwrite):
+        if not done and entry.kind == "group":
+            done.append(entry)
+            act(root, entry)
+        return real(root, entry, blobs, overwrite)
+
+    monkeypatch.setattr(staging, "place", place)
+    return done
+
+
+def test_group_completed_by_another_writer_is_left_visible(tmp_path, archive, monkeypatch):
+    """Planned as absent, completed meanwhile (another unpack, or Triton compiling it): its manifest is never
+    unlinked or replaced, and it is counted as present."""
+    full = tmp_path / "full"
+    tritonpack.unpack(archive, full)
+    root = tmp_path / "root"
+    inode = {}
+
+    def complete(root_dir, entry):
+        shutil.copytree(full / entry.key, os.path.join(root_dir, entry.key), dirs_exist_ok=True)
+        manifest = os.path.join(root_dir, entry.key, f"__grp__{entry.name}.json")
+        names = json.loads((full / entry.key / f"__grp__{entry.name}.json").read_text())["child_paths"]
+        with open(manifest, "w") as f:  # point into this root, as the other writer would
+            f.write(json.dumps({"child_paths": {n: os.path.join(root_dir, entry.key, n) for n in names}}))
+        inode[manifest] = os.stat(manifest).st_ino
+
+    done = _racing_place(monkeypatch, complete)
+    result = tritonpack.unpack(archive, root)
+    assert done and result.present == 1 and result.written == result.entries - 1
+    ((manifest, ino),) = inode.items()
+    assert os.stat(manifest).st_ino == ino, "the other writer's manifest was replaced"
+    assert not group_problems(root, allowed(archive)) and not temp_files(root)
+
+
+def test_differing_group_that_appears_meanwhile_is_kept(tmp_path, archive, monkeypatch):
+    full = tmp_path / "full"
+    tritonpack.unpack(archive, full)
+    root = tmp_path / "root"
+
+    def complete_differently(root_dir, entry):
+        shutil.copytree(full / entry.key, os.path.join(root_dir, entry.key), dirs_exist_ok=True)
+        with open(os.path.join(root_dir, entry.key, f"{entry.name}.ttir"), "w") as f:
+            f.write("// compiled differently\n")
+        relocated = tritonpack.relocate(root_dir)
+        assert relocated.fixed
+
+    done = _racing_place(monkeypatch, complete_differently)
+    result = tritonpack.unpack(archive, root, overwrite=True)
+    key = done[0].key
+    assert result.conflicts == [f"{key}/{done[0].name}"]
+    assert (root / key / f"{done[0].name}.ttir").read_text() == "// compiled differently\n"
+    assert not group_problems(root) and not temp_files(root)
+
+
+def test_corrupt_archive_with_overwrite_keeps_the_users_group(tmp_path, archive):
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    make_differing_group(root)
+    before = snapshot(root)
+    data = bytearray(archive.read_bytes())
+    with tritonpack.open(archive) as reader:
+        block = reader.index.blocks[-1]
+    for i in range(block.offset + block.length // 3, block.offset + 2 * block.length // 3):
+        data[i] ^= 0x5A
+    bad = tmp_path / "bad.tpack"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(tritonpack.ArchiveError):
+        tritonpack.unpack(bad, root, overwrite=True)
+    assert snapshot(root) == before and not temp_files(root)
+
+
+# -- leftovers of killed runs --
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive):
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    key_dir = next(root.glob("*/__grp__*.json")).parent
+    other_dir = sorted(p for p in root.iterdir() if p != key_dir)[0]
+    dead = _dead_pid()
+    # a killed run of this version: its lock (free now) at the root, temp files in two key directories
+    (root / f"tmp.tpack.{dead}.0badc0de.lock").write_bytes(b"")
+    (key_dir / f"tmp.tpack.{dead}.0badc0de0001").write_bytes(b"half")
+    (other_dir / f"tmp.tpack.{dead}.0badc0de0002").write_bytes(b"half")
+    # a run of tritonpack 1.0.0 (no lock) killed long ago, and one whose pid is dead
+    old = key_dir / f"tmp.tpack.{os.getpid()}.aaaaaaaaaaaa"
+    old.write_bytes(b"old")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    (key_dir / f"tmp.tpack.{dead}.bbbbbbbbbbbb").write_bytes(b"dead")
+    # what must survive: a live unpack's temp file (its lock held), a fresh unlocked one of a live pid, Triton's
+    # temp dir of a live compile, look-alike names, a link named like ours
+    live = root / f"tmp.tpack.{os.getpid()}.11111111.lock"
+    live.write_bytes(b"")
+    holder = open(live, "rb")  # noqa: SIM115
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    keep = [key_dir / f"tmp.tpack.{os.getpid()}.111111110000", key_dir / f"tmp.tpack.{os.getpid()}.cccccccccccc",
+            key_dir / "tmp.tpack.note", key_dir / f"tmp.tpack.{dead}.ABCDEFABCDEF"]
+    for path in keep:
+        path.write_bytes(b"keep")
+    (key_dir / f"tmp.pid_{os.getpid()}_0d1b").mkdir()
+    (key_dir / f"tmp.pid_{os.getpid()}_0d1b" / "x.ptx").write_text("in flight")
+    (key_dir / f"tmp.tpack.{dead}.dddddddddddd").symlink_to(key_dir / "tmp.tpack.note")
+    try:
+        result = tritonpack.unpack(archive, root)
+    finally:
+        holder.close()
+    assert result.present == result.entries
+    left = sorted(p.name for p in key_dir.iterdir() if p.name.startswith("tmp."))
+    assert left == sorted([p.name for p in keep] + [f"tmp.pid_{os.getpid()}_0d1b", f"tmp.tpack.{dead}.dddddddddddd"])
+    assert not list(other_dir.glob("tmp.*")), "a dead run's files in any key directory go"
+    assert sorted(p.name for p in root.glob("tmp.*")) == [live.name]
+
+
+def test_a_completed_run_leaves_no_temp_files(tmp_path, archive):
+    root = tmp_path / "root"
+    for overwrite in (False, True):
+        tritonpack.unpack(archive, root, overwrite=overwrite)
+        assert not temp_files(root)
+    make_differing_group(root)
+    assert tritonpack.unpack(archive, root).conflicts
+    assert not temp_files(root)
+    assert tritonpack.unpack(archive, root, overwrite=True).replaced == 1
+    assert not temp_files(root) and not group_problems(root, allowed(archive))
+
+
+# -- pack never changes its source --
+
+def test_pack_never_changes_its_source(tmp_path, compiled_root, capsys):
+    source = tmp_path / "cache"
+    shutil.copytree(compiled_root, source)
+    before, listing = snapshot(source), tree(source)
+    modes = {p: os.stat(source / p).st_mode for p in listing}
+    assert main(["pack", str(source), "-o", str(tmp_path / "k.tpack"), "-q"]) == 0
+    assert snapshot(source) == before and tree(source) == listing
+    assert {p: os.stat(source / p).st_mode for p in listing} == modes
+    for inside in (source / "k.tpack", next(source.iterdir()) / "k.tpack"):
+        assert main(["pack", str(source), "-o", str(inside)]) == 2
+        assert "inside the cache it packs" in capsys.readouterr().err
+    assert tree(source) == listing
+
+
+# -- permissions --
+
+def test_modes_follow_the_umask_and_the_archive_carries_none(tmp_path, compiled_root):
+    source = tmp_path / "cache"
+    shutil.copytree(compiled_root, source)
+    group = next(source.glob("*/__grp__*.json")).parent
+    for path in group.iterdir():
+        os.chmod(path, 0o6755)  # set-uid and set-gid, executable: none of it may travel
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(source, archive)
+    for umask, mode in ((0o022, 0o644), (0o077, 0o600), (0o000, 0o666)):
+        root = tmp_path / f"root-{umask:o}"
+        old = os.umask(umask)
+        try:
+            tritonpack.unpack(archive, root)
+        finally:
+            os.umask(old)
+        files = [p for p in root.rglob("*") if not p.is_dir()]
+        assert files and {stat.S_IMODE(os.lstat(p).st_mode) for p in files} == {mode}
+        assert not [p for p in root.rglob("*") if p.is_symlink()]
+
+
+def test_links_in_the_source_are_never_followed_into_the_archive(tmp_path, compiled_root):
+    source = tmp_path / "cache"
+    shutil.copytree(compiled_root, source)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the archive " * 10)
+    group = next(source.glob("*/__grp__*.json")).parent
+    victim = next(p for p in group.iterdir() if p.suffix == ".ttir")
+    victim.unlink()
+    victim.symlink_to(secret)
+    (source / "ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ").symlink_to(tmp_path)
+    archive = tmp_path / "k.tpack"
+    result = tritonpack.pack(source, archive)
+    reasons = {s.reason for s in result.skipped}
+    assert "symbolic link (never followed)" in reasons and any(r.startswith("incomplete group") for r in reasons)
+    import hashlib
+
+    digest = hashlib.sha256(secret.read_bytes()).digest()
+    with tritonpack.open(archive) as reader:
+        assert all(f.sha256 != digest for e in reader.entries for f in e.files)
+        assert group.name not in {e.key for e in reader.entries if e.kind == "group"}
+
+
+# -- a kill at every step of the commit, deterministically --
+
+def _killed_at(step: int, archive, root, overwrite: bool, where: str) -> int:
+    """Fork; the child unpacks and dies like kill -9 (no clean-up runs) just before its ``step``-th rename
+    (``where="move"``) or staged write (``where="write"``). Returns how many such steps the child reached."""
+    counter = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(counter[0])
+            calls = [0]
+            real = staging._Writer.move if where == "move" else staging._write_all
+
+            def dying(*args):
+                if calls[0] == step:
+                    os.write(counter[1], str(calls[0]).encode())
+                    os._exit(137)
+                calls[0] += 1
+                return real(*args)
+
+            if where == "move":
+                staging._Writer.move = dying
+            else:
+                staging._write_all = dying
+            tritonpack.unpack(archive, root, overwrite=overwrite)
+            os.write(counter[1], str(calls[0]).encode())
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    os.close(counter[1])
+    _, status = os.waitpid(pid, 0)
+    reached = os.read(counter[0], 64)
+    os.close(counter[0])
+    assert os.WEXITSTATUS(status) in (0, 137), status
+    return int(reached or b"-1")
+
+
+@pytest.mark.parametrize("where", ["move", "write"])
+def test_killed_at_every_step_of_an_overwrite(fast_tmp, compiled_root, where):
+    """A root whose every group differs from the archive in three files, unpacked with --overwrite and killed
+    before each rename of the commit (or each staged write): every visible group is wholly the user's or wholly
+    the archive's, and a re-run completes with no temp file left."""
+    tmp_path = fast_tmp
+    source = tmp_path / "source"
+    shutil.copytree(compiled_root, source)
+    for manifest in sorted(source.glob("*/__grp__*.json"))[3:]:
+        shutil.rmtree(manifest.parent)
+    archive = tmp_path / "three.tpack"
+    tritonpack.pack(source, archive)
+    base = tmp_path / "base"
+    tritonpack.unpack(archive, base)
+    for manifest in base.glob("*/__grp__*.json"):
+        name = manifest.name[7:-5]
+        for suffix in (".json", ".ttir", ".llir"):
+            with open(manifest.parent / f"{name}{suffix}", "ab") as f:
+                f.write(b" ")
+    users = {}
+    for manifest in base.glob("*/__grp__*.json"):
+        children = json.loads(manifest.read_text())["child_paths"]
+        users[(manifest.parent.name, manifest.name[7:-5])] = {c: sha(p) for c, p in children.items()}
+    versions = {k: [v, users[k]] for k, v in expected_groups(archive).items()}
+    step, seen = 0, set()
+    while True:
+        root = tmp_path / f"root-{where}-{step}"
+        shutil.copytree(base, root, symlinks=True)
+        # the copy's manifests still point into base: make them the user's own, in place
+        for manifest in root.glob("*/__grp__*.json"):
+            children = json.loads(manifest.read_text())["child_paths"]
+            manifest.write_text(json.dumps({"child_paths": {c: str(manifest.parent / c) for c in children}}))
+        reached = _killed_at(step, archive, root, True, where)
+        problems = group_problems(root, versions)
+        assert not problems, (where, step, problems)
+        seen.add(len(list(root.glob("*/__grp__*.json"))))
+        assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "-q"]) == 0
+        assert not temp_files(root) and not group_problems(root, allowed(archive))
+        shutil.rmtree(root)
+        if reached < step:  # the child finished without reaching this step: every step was covered
+            break
+        step += 1
+    assert step >= 12
+    if where == "move":
+        assert min(seen) < max(seen), "some kills must land while groups are hidden"

@@ -1,0 +1,200 @@
+"""Hostile archives: every way an archive can lie is refused with one line and a non-zero exit, nothing is written
+outside the target root, and no group becomes visible unless it is whole."""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+
+import pytest
+import zstandard
+from hostile import KEY, KEY2, Crafted, autotune, corpus, group
+from invariants import expected_groups, group_problems, temp_files, tree
+
+import tritonpack
+from tritonpack import api
+from tritonpack.archive import limits
+from tritonpack.cli import main
+
+CASES = corpus()
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_one_line_error(err: str, archive, code: int, expected: int) -> None:
+    assert code == expected, err
+    assert err.count("\n") == 1 and err.startswith(f"error: {archive}: "), err
+    assert "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def fixed_environment():
+    return api.environment()
+
+
+@pytest.fixture(autouse=True)
+def _fast_preflight(monkeypatch, fixed_environment):
+    """The preflight's view of this machine, computed once: these tests are about the reader and the writer, not
+    the local fingerprint (test_compat covers it), and they run thousands of unpacks."""
+    monkeypatch.setattr(api, "environment", lambda *a, **k: fixed_environment)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_archive_is_refused(tmp_path, capsys, monkeypatch, name):
+    build, expected, env = CASES[name]
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    archive = tmp_path / "hostile.tpack"
+    archive.write_bytes(build())
+    root = tmp_path / "root"
+    before = tree(tmp_path)
+    code, out, err = run_cli(capsys, "unpack", archive, "--cache-dir", root)
+    assert_one_line_error(err, archive, code, expected)
+    assert out == ""
+    assert tree(tmp_path) == before, "nothing may be created, not even the root"
+    # Listing and checking read the index only: the same refusal, or (for data-region faults) a normal answer.
+    for command in (["list"], ["list", "--json"], ["check"]):
+        code, out, err = run_cli(capsys, *command, archive)
+        if code in (0, 5, 6) and not err:
+            assert out
+        else:
+            assert_one_line_error(err, archive, code, expected)
+    assert tree(tmp_path) == before
+
+
+def _three_entries() -> bytes:
+    return Crafted(entries=[group(KEY, "add_kernel"), group(KEY2, "mul_kernel"), autotune(KEY2, "mul_kernel")],
+                   split=True).build()
+
+
+def _boundaries(data: bytes) -> list[int]:
+    """Cut points: around the header, every block's start, middle and end, the index and the trailer."""
+    index_offset = struct.unpack("<Q", data[-64:-56])[0]
+    cuts = {0, 1, 8, 15, 16, 17, index_offset - 1, index_offset, index_offset + 1, (index_offset + len(data)) // 2,
+            len(data) - 64, len(data) - 63, len(data) - 56, len(data) - 8, len(data) - 1}
+    offset = 16
+    while offset < index_offset:
+        reader = zstandard.ZstdDecompressor().decompressobj()
+        reader.decompress(data[offset:index_offset])
+        end = index_offset - len(reader.unused_data)
+        cuts.update({offset, offset + 1, (offset + end) // 2, end - 1, end})
+        offset = end
+    return sorted(c for c in cuts if 0 <= c < len(data))
+
+
+def test_truncation_at_every_region_boundary(tmp_path, capsys):
+    data = _three_entries()
+    cuts = _boundaries(data)
+    assert len(cuts) >= 20
+    for cut in cuts:
+        archive = tmp_path / f"cut-{cut}.tpack"
+        archive.write_bytes(data[:cut])
+        root = tmp_path / f"root-{cut}"
+        code, _, err = run_cli(capsys, "unpack", archive, "--cache-dir", root)
+        assert_one_line_error(err, archive, code, 3)
+        assert not root.exists()
+
+
+def test_bit_flip_anywhere(tmp_path):
+    """Every byte of a small archive (every third in the compressed block) with one bit flipped: refused, or (a
+    flip the format does not cover, like the minor version) unpacked whole and correct. Never another exception,
+    never a partial group. (tests/test_fuzz_property.py and fuzz/ flip bits at random.)"""
+    data = Crafted(entries=[group(KEY, "add_kernel"), autotune(KEY2, "f")]).build()
+    good = tmp_path / "good.tpack"
+    good.write_bytes(data)
+    expected = expected_groups(good)
+    outcomes = {"refused": 0, "unpacked": 0}
+    index_offset = struct.unpack("<Q", data[-64:-56])[0]
+    for i in range(len(data)):
+        if 16 < i < index_offset and i % 3:
+            continue
+        flipped = bytearray(data)
+        flipped[i] ^= 1 << (i % 8)
+        archive = tmp_path / "flipped.tpack"
+        archive.write_bytes(bytes(flipped))
+        root = tmp_path / "root"
+        try:
+            tritonpack.unpack(archive, root, force=True)
+        except tritonpack.TpackError:
+            outcomes["refused"] += 1
+            assert not root.exists(), f"byte {i}: a refused archive left {tree(root)}"
+            continue
+        outcomes["unpacked"] += 1
+        assert not group_problems(root, {k: [v] for k, v in expected.items()}), f"byte {i}"
+        assert len([m for m in tree(root) if "__grp__" in m]) == len(expected)
+        assert not temp_files(root)
+        shutil.rmtree(root)
+    assert outcomes["refused"] > 0.9 * sum(outcomes.values()), outcomes
+
+
+def test_index_value_budget(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_INDEX_VALUES", 5000)
+    ok = tmp_path / "ok.tpack"
+    ok.write_bytes(Crafted().build())
+    assert run_cli(capsys, "list", ok)[0] == 0
+    archive = tmp_path / "padded.tpack"
+    archive.write_bytes(Crafted(doc_hook=lambda d: d.update(padding=[{"v": i} for i in range(3000)])).build())
+    code, _, err = run_cli(capsys, "list", archive)
+    assert_one_line_error(err, archive, code, 3)
+    assert "index holds more than 5000 values" in err
+
+
+def test_names_with_control_characters_print_on_one_line(tmp_path, capsys):
+    evil = "evil\x1b[2J\nkernel\u202e"
+    archive = tmp_path / "evil.tpack"
+    archive.write_bytes(Crafted(entries=[group(KEY, evil)]).build())
+    root = tmp_path / "root"
+    code, out, err = run_cli(capsys, "unpack", archive, "--cache-dir", root, "--force")
+    assert code == 0 and out.count("\n") == 1, (out, err)
+    assert (root / KEY / f"{evil}.json").exists()
+    code, out, _ = run_cli(capsys, "list", archive)
+    assert code == 0 and "\x1b" not in out and "\u202e" not in out and "evil\\x1b[2J\\x0akernel\\u202e" in out
+    (root / KEY / f"{evil}.ttir").write_text("locally different")
+    code, out, err = run_cli(capsys, "unpack", archive, "--cache-dir", root, "--force")
+    assert code == 0
+    kept = [line for line in err.splitlines() if line.startswith("kept 1 existing entry")]
+    assert len(kept) == 1 and "\x1b" not in err and "evil\\x1b[2J\\x0akernel" in kept[0]
+
+
+def test_symlinked_key_directory_is_never_written_through(tmp_path, capsys):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / KEY).symlink_to(outside)
+    archive = tmp_path / "a.tpack"
+    archive.write_bytes(Crafted().build())
+    for extra in ([], ["--overwrite"]):
+        code, _, err = run_cli(capsys, "unpack", archive, "--cache-dir", root, "--force", *extra)
+        assert code == 0 and "kept 1 existing entry" in err
+        assert list(outside.iterdir()) == []
+        assert (root / KEY).is_symlink()
+
+
+def test_symlinked_file_is_replaced_never_followed(tmp_path, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    archive = tmp_path / "a.tpack"
+    archive.write_bytes(Crafted().build())
+    root = tmp_path / "root"
+    (root / KEY).mkdir(parents=True)
+    (root / KEY / "add_kernel.ttir").symlink_to(victim)
+    code, _, err = run_cli(capsys, "unpack", archive, "--cache-dir", root, "--force")
+    assert code == 0, err  # no manifest: leftovers of an unfinished write, completed
+    assert victim.read_text() == "precious"
+    assert not (root / KEY / "add_kernel.ttir").is_symlink()
+    assert not group_problems(root, {k: [v] for k, v in expected_groups(archive).items()})
+
+
+def test_archive_that_is_not_a_regular_file(tmp_path, capsys):
+    fifo = tmp_path / "fifo.tpack"
+    os.mkfifo(fifo)
+    code, _, err = run_cli(capsys, "list", fifo)  # must not block waiting for a writer
+    assert code == 2 and err.strip() == f"error: {fifo}: not a regular file"
+    code, _, err = run_cli(capsys, "unpack", "/dev/zero", "--cache-dir", tmp_path / "root")
+    assert code == 2 and "not a regular file" in err
+    assert not (tmp_path / "root").exists()

@@ -1,0 +1,81 @@
+"""Reader policy against decompression bombs: limits on top of the format's own (spec §7, "Reader policy").
+
+The format caps a block at 256 MiB and the index at 512 MiB decompressed; a hostile archive can still declare a
+256 MiB block in a few bytes, reuse one blob for a million files, or pack a 500-million-element msgpack array in
+an index. The reference reader therefore refuses, before it decompresses or writes anything:
+
+- a block or the index that would expand more than ``MAX_RATIO`` times (sizes up to ``RATIO_FLOOR`` always
+  pass): real Triton files compress 5-20x;
+- an archive whose entries add up to more than ``max_unpack_bytes()`` (64 GiB unless the environment variable
+  ``TRITONPACK_MAX_UNPACK_BYTES`` says otherwise), or whose blocks do;
+- an index with more than ``MAX_INDEX_VALUES`` msgpack values (maps and arrays count one plus their length),
+  which bounds the memory that decoding a hostile index can take to about a gigabyte.
+
+Free disk space is checked by the unpacker against what it will actually write (``staging.check_space``).
+"""
+from __future__ import annotations
+
+import os
+
+from ..errors import ArchiveError
+
+MAX_RATIO = 1000
+RATIO_FLOOR = 1 << 20
+DEFAULT_MAX_UNPACK_BYTES = 64 << 30
+MAX_INDEX_VALUES = 1 << 25  # about 350,000 kernels
+ENV_MAX_UNPACK_BYTES = "TRITONPACK_MAX_UNPACK_BYTES"
+
+
+def max_unpack_bytes() -> int:
+    value = os.environ.get(ENV_MAX_UNPACK_BYTES, "").strip()
+    if value.isdigit():
+        return int(value)
+    return DEFAULT_MAX_UNPACK_BYTES
+
+
+def check_ratio(size: int, length: int, what: str, path: str) -> None:
+    """Refuse a frame of ``length`` bytes that declares ``size`` decompressed bytes beyond the ratio guard."""
+    if size > RATIO_FLOOR and size > MAX_RATIO * length:
+        raise ArchiveError(f"{what} declares {size} bytes from {length} compressed (more than {MAX_RATIO}x: "
+                           "a decompression bomb?)", path)
+
+
+def check_expansion(index, path: str) -> None:
+    """Refuse an archive whose blocks or entries expand beyond the guards (see the module docstring)."""
+    limit = max_unpack_bytes()
+    total = 0
+    for n, block in enumerate(index.blocks):
+        check_ratio(block.size, block.length, f"block {n}", path)
+        total += block.size
+    if total > limit:
+        raise ArchiveError(f"blocks expand to {total} bytes, more than the limit of {limit} "
+                           f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
+    files = sum(f.size for e in index.entries for f in e.files)
+    if files > limit:
+        raise ArchiveError(f"entries expand to {files} bytes, more than the limit of {limit} "
+                           f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
+
+
+class IndexTooLarge(Exception):
+    """Raised inside msgpack decoding when the value budget is spent."""
+
+
+def msgpack_budget(raw_size: int, limit: int | None = None) -> dict:
+    """Keyword arguments for ``msgpack.unpackb`` that stop decoding after ``limit`` values; no single array or map
+    may declare more elements than there are bytes (so a lying length allocates nothing)."""
+    limit = MAX_INDEX_VALUES if limit is None else limit
+    left = limit
+
+    def spend(container):
+        nonlocal left
+        left -= 1 + len(container)
+        if left < 0:
+            raise IndexTooLarge(limit)
+        return container
+
+    most = min(limit, raw_size)
+    return {"max_array_len": most, "max_map_len": most, "object_hook": spend, "list_hook": spend}
+
+
+__all__ = ["MAX_RATIO", "RATIO_FLOOR", "MAX_INDEX_VALUES", "max_unpack_bytes", "check_ratio", "check_expansion",
+           "msgpack_budget", "IndexTooLarge"]
