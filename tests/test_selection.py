@@ -8,6 +8,7 @@ from conftest import snapshot
 from kernels import HAS_LISTENER, SOURCES, compile_all, targets
 
 import tritonpack
+import tritonpack.selection
 from tritonpack.selection import Selection
 
 
@@ -64,3 +65,43 @@ def test_pack_filters(tmp_path, compiled_root):
     with tritonpack.open(archive) as reader:
         assert {e.target for e in reader.entries} == {"cuda:80"}
         assert all(len(e.files) == 2 for e in reader.entries)
+
+
+def test_pack_since(tmp_path, compiled_root):
+    import os
+    import shutil
+    import time
+
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    old = time.time() - 10 * 86400
+    for path in root.rglob("*"):
+        os.utime(path, (old, old))
+    fresh = next(root.glob("*/__grp__softmax_kernel.json")).parent
+    for path in fresh.iterdir():
+        os.utime(path)  # touched now: "compiled by a recent run"
+    since = tritonpack.selection.parse_since("2d")
+    result = tritonpack.pack(root, tmp_path / "k.tpack", since=since)
+    assert result.entries["group"] == 1
+    assert main_exit(["pack", str(root), "-o", str(tmp_path / "x.tpack"), "--since", "yesterday"]) == 2
+
+
+def test_merge_filters(tmp_path, compiled_root):
+    from tritonpack.merging import merge
+
+    a = tmp_path / "a.tpack"
+    tritonpack.pack(compiled_root, a)
+    out = tmp_path / "m.tpack"
+    merge([a, a], out, selection=Selection(archs=("cuda:90",), kernels=("add_*",), binary_only=True))
+    with tritonpack.open(out) as reader:
+        assert [(e.target, len(e.files)) for e in reader.entries] == [("cuda:90", 2)]
+    tritonpack.unpack(out, tmp_path / "root")
+    if HAS_LISTENER:
+        hits = compile_all(tmp_path / "root")
+        assert hits.count(True) == 1
+
+
+def main_exit(argv):
+    from tritonpack.cli import main
+
+    return main(argv)

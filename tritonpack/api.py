@@ -63,17 +63,27 @@ def _refuse_output_inside(root: str, output) -> None:
                          os.fspath(output))
 
 
+def _newest(entry) -> float:
+    """When an entry found on disk last changed (its newest file)."""
+    try:
+        return max(os.stat(f.path).st_mtime for f in entry.files)
+    except OSError:
+        return 0.0
+
+
 def pack(
     cache_dir: str | os.PathLike | None = None,
     output: str | os.PathLike = "kernels.tpack",
     *,
     level: int = DEFAULT_LEVEL,
     selection: Selection = EVERYTHING,
+    since: float | None = None,
     progress: Progress | None = None,
 ) -> PackResult:
     """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it.
 
-    ``selection`` packs part of the cache: some targets, some kernels, or binary-only groups.
+    ``selection`` packs part of the cache: some targets, some kernels, or binary-only groups. ``since`` (a Unix
+    time) keeps the entries with a file modified since then: what recent runs compiled or tuned.
     """
     from .archive.writer import write_archive
     from .cacheroot import scan_cache
@@ -85,6 +95,8 @@ def pack(
         raise UsageError(f"compression level must be 1-22, not {level}")
     _refuse_output_inside(root, output)
     scan = scan_cache(root)
+    if since is not None:
+        scan.entries = [e for e in scan.entries if _newest(e) >= since]
     if not selection.everything:
         scan.entries = [replace(e, files=tuple(e.files[i] for i in selection.file_indices(e)))
                         for e in scan.entries if selection.wants(e)]

@@ -112,7 +112,10 @@ class ArchiveEntry:
     stub: StubInfo | None = None
 
 
-def archive_entry(reader: ArchiveReader, source: int, number: int, entry: Entry, store: BlobStore) -> ArchiveEntry:
-    files = tuple(ArchiveFile(f.name, store, source, reader.blob_of(number, j), f"{reader.path}:{entry.key}/{f.name}")
-                  for j, f in enumerate(entry.files))
+def archive_entry(reader: ArchiveReader, source: int, number: int, entry: Entry, store: BlobStore,
+                  keep: Sequence[int] | None = None) -> ArchiveEntry:
+    """``keep``: indices of the files to take (binary-only); all by default."""
+    keep = range(len(entry.files)) if keep is None else keep
+    files = tuple(ArchiveFile(entry.files[j].name, store, source, reader.blob_of(number, j),
+                              f"{reader.path}:{entry.key}/{entry.files[j].name}") for j in keep)
     return ArchiveEntry(entry.kind, entry.key, entry.name, files, entry.kernel, entry.autotune, entry.stub)

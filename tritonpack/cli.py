@@ -21,7 +21,7 @@ from .errors import (
 )
 from .listing import check_to_dict, entry_to_dict, info_to_dict, render_check, render_table
 from .safetext import printable, printable_lines
-from .selection import Selection
+from .selection import Selection, parse_since
 
 # The one place where errors become exit codes.
 EXIT_CODES: list[tuple[type[TpackError], int]] = [
@@ -81,6 +81,15 @@ KERNEL_HELP = "Only kernels whose name matches this shell glob (e.g. 'triton_poi
 BINARY_HELP = "Groups with only their metadata json and binary (cubin/hsaco), as TRITON_STORE_BINARY_ONLY keeps."
 
 
+def _since(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_since(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def _selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
     return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only)
 
@@ -110,6 +119,9 @@ def pack(
     arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),
     kernel: list[str] | None = typer.Option(None, "--kernel", help=KERNEL_HELP),
     binary_only: bool = typer.Option(False, "--binary-only", help=BINARY_HELP),
+    since: str | None = typer.Option(None, "--since", help="Only entries with a file modified since then: a "
+                                     "duration (12h, 7d) or a date (2026-11-01). Archives keep no file times, so "
+                                     "merge has no --since."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
@@ -119,7 +131,7 @@ def pack(
     """
     with _progress(not (quiet or as_json), "packing") as progress:
         result = api.pack(cache_dir, output, level=level, selection=_selection(arch, kernel, binary_only),
-                          progress=progress)
+                          since=_since(since), progress=progress)
     _emit(result, as_json, quiet)
 
 
@@ -354,6 +366,9 @@ def merge(
                                       help="On a conflict (same key, kind and name, different files) keep the "
                                            "entry of the first or the last archive that has it."),
     level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
+    arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),
+    kernel: list[str] | None = typer.Option(None, "--kernel", help=KERNEL_HELP),
+    binary_only: bool = typer.Option(False, "--binary-only", help=BINARY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
@@ -368,7 +383,8 @@ def merge(
     """
     from .merging import merge as merge_archives
 
-    result = merge_archives(archives, output, prefer=prefer, level=level)
+    result = merge_archives(archives, output, prefer=prefer, level=level,
+                            selection=_selection(arch, kernel, binary_only))
     _emit(result, as_json, quiet)
 
 

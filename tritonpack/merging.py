@@ -13,6 +13,7 @@ backend hash all inputs that have it agree on. The merging host's own Triton is 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -24,7 +25,9 @@ from .archive.reader import ArchiveReader
 from .archivesource import ArchiveEntry, BlobStore, archive_entry
 from .errors import ConflictError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
+from .remote import open_source
 from .report import _counts, human_bytes, kind_counts, plural
+from .selection import EVERYTHING, Selection
 
 PREFER = ("first", "last")
 
@@ -137,10 +140,12 @@ def merge(
     *,
     prefer: str | None = None,
     level: int = DEFAULT_LEVEL,
+    selection: Selection = EVERYTHING,
     max_blocks: int = 0,
 ) -> MergeResult:
     """Write the union of ``inputs`` to ``output``. ``prefer`` (``"first"``/``"last"``) settles conflicts;
-    without it a conflict raises ``ConflictError`` naming the key. ``max_blocks`` caps decoded blocks in memory."""
+    without it a conflict raises ``ConflictError`` naming the key. ``selection`` takes part of each input (targets,
+    kernels, binary-only). ``max_blocks`` caps decoded blocks in memory."""
     from .api import _created
     from .archive.writer import write_archive
 
@@ -154,12 +159,17 @@ def merge(
     start = time.perf_counter()
     names = [os.fspath(p) for p in inputs]
     with contextlib.ExitStack() as stack:
-        readers = [stack.enter_context(ArchiveReader(p)) for p in names]
+        readers = [stack.enter_context(ArchiveReader(open_source(p))) for p in names]
         chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}
         identical = 0
         conflicts: list[str] = []
         for source, reader in enumerate(readers):
             for number, entry in enumerate(reader.entries):
+                if not selection.wants(entry):
+                    continue
+                if selection.binary_only:
+                    kept = tuple(entry.files[i] for i in selection.file_indices(entry))
+                    entry = dataclasses.replace(entry, files=kept)
                 ident = entry.ident
                 if ident not in chosen:
                     chosen[ident] = (source, number, entry)
@@ -178,9 +188,11 @@ def merge(
                     chosen[ident] = (source, number, entry)
         _check_paths(chosen, names)
         picked = sorted(chosen.values(), key=lambda c: c[2].ident)
-        store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, e in picked for j in range(len(e.files))),
+        keep = {(s, n): selection.file_indices(readers[s].entries[n]) for s, n, _ in picked}
+        store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, _ in picked for j in keep[(s, n)]),
                           max_blocks=max_blocks)
-        sources: list[ArchiveEntry] = [archive_entry(readers[s], s, n, e, store) for s, n, e in picked]
+        sources: list[ArchiveEntry] = [archive_entry(readers[s], s, n, readers[s].entries[n], store, keep[(s, n)])
+                                       for s, n, _ in picked]
         contributing = sorted({s for s, _, _ in picked})
         info = merged_info([(readers[n].info, {e.kernel.target for s, _, e in picked
                                                 if s == n and e.kernel and e.kernel.backend})

@@ -5,7 +5,10 @@ partial unpack costs in proportion to what it takes.
 """
 from __future__ import annotations
 
+import datetime
 import fnmatch
+import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,3 +65,21 @@ class Selection:
 
 
 EVERYTHING = Selection()
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``--since``: a duration back from now (``90m``, ``12h``, ``7d``, ``2w``) or an ISO date or date-time
+    (``2026-11-01``, ``2026-11-01T12:00``, local time unless it names a zone). Returns a Unix time."""
+    value = text.strip()
+    match = _DURATION.fullmatch(value)
+    if match:
+        return (time.time() if now is None else now) - float(match.group(1)) * _SECONDS[match.group(2)]
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"--since takes a duration like 7d or 12h, or a date like 2026-11-01, not {text!r}") from None
+    return moment.timestamp()
