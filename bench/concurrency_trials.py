@@ -1,8 +1,9 @@
 """8 unpackers of one archive and 2 Triton compiles of the same kernels into one root at once, repeated.
 
 Each run: a fresh root; two processes import Triton and wait at a barrier; when both are ready, they start
-``compile_all`` (tests/kernels.py) while 8 ``python -m tritonpack unpack`` processes start (staggered by up to
-``--stagger`` seconds, so that they meet the compiles at different points). Afterwards: every process exited 0
+``compile_all`` (tests/kernels.py), and 8 ``python -m tritonpack unpack`` processes start after a random head start
+of the compiles (0-3 s) and staggered by up to ``--stagger`` seconds, so that they meet the compiles at different
+points: before Triton wrote anything, amid its writes, after its manifests. Afterwards: every process exited 0
 with no error line, every group of the archive resolves through Triton's ``FileCacheManager.get_group`` and holds
 exactly the archive's files, no temp file or run lock is left, and a further ``compile_all`` is all cache hits
 (Triton's listener, 3.4+) and writes nothing.
@@ -48,7 +49,8 @@ def one_run(archive: str, work: str, rng: random.Random, stagger: float, env: di
     open(go, "w").close()
     start = time.perf_counter()
     unpackers = []
-    for delay in sorted(rng.uniform(0, stagger) for _ in range(8)):
+    head = rng.uniform(0, 3.0)  # the compiles' head start: from none to most kernels compiled by Triton first
+    for delay in sorted(head + rng.uniform(0, stagger) for _ in range(8)):
         time.sleep(max(0.0, delay - (time.perf_counter() - start)))
         unpackers.append(subprocess.Popen([sys.executable, "-m", "tritonpack", "unpack", archive, "--cache-dir",
                                            root, "-q"], env=env, stderr=subprocess.PIPE, text=True))
@@ -81,7 +83,7 @@ def one_run(archive: str, work: str, rng: random.Random, stagger: float, env: di
     shutil.rmtree(root)
     for name in ("go", "ready0", "ready1"):
         os.unlink(os.path.join(work, name))
-    return {"wall_s": round(wall, 2), "concurrent_compiles_hit": compiled.count(True),
+    return {"wall_s": round(wall, 2), "head_start_s": round(head, 2), "concurrent_compiles_hit": compiled.count(True),
             "concurrent_compiles_missed": compiled.count(False), "all_hits_after": all_hits, "problems": problems}
 
 
@@ -107,7 +109,8 @@ def main() -> None:
         for n in range(args.runs):
             r = one_run(archive, work, rng, args.stagger, env)
             results.append(r)
-            print(f"run {n:3d}: {r['wall_s']:5.2f} s, concurrent compiles: {r['concurrent_compiles_missed']} compiled, "
+            print(f"run {n:3d}: {r['wall_s']:5.2f} s, head start {r['head_start_s']:4.2f} s, concurrent compiles: "
+                  f"{r['concurrent_compiles_missed']} compiled, "
                   f"{r['concurrent_compiles_hit']} hit unpacked groups; after: all hits {r['all_hits_after']}  "
                   f"{r['problems'] or 'OK'}", flush=True)
     finally:

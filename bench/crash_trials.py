@@ -2,8 +2,9 @@
 
 A many-kernel archive is made from real compiled kernels (tests/kernels.py), each group copied under more valid
 cache keys so that an unpack writes hundreds of files. Each trial starts ``python -m tritonpack unpack`` in its
-own process and SIGKILLs it at a random point: in 80% of the trials a random time after its run lock appears (it
-is about to write; up to 1.1x the write time of a timed run), in 20% a random time from its start. Then:
+own process and SIGKILLs it at a random point: in 20% of the trials a random time from its start; in 40% a random
+time after its run lock appears (staging); in 40% a random time after the first entry's manifest changes (commit;
+entries commit in archive order). The windows come from a timed run. Then:
 
 1. every manifest in the root resolves through Triton's own ``FileCacheManager(key).get_group(name)`` (with
    TRITON_CACHE_DIR set to the root), or is absent; and every visible group holds exactly the archive's files,
@@ -14,8 +15,9 @@ is about to write; up to 1.1x the write time of a timed run), in 20% a random ti
 Scenarios rotate: ``fresh`` (empty root), ``resume`` (the previous trial's killed fresh root, not re-run: the
 leftovers of a killed run meet a new run, killed too), ``overwrite`` (every group differs, --overwrite),
 ``partial`` (half the groups present). Where the kill landed is classified from the root: before any write,
-staging (temp files, nothing visible changed), committing (some entries made visible), or after the process had
-finished. (tests/test_faults.py kills a forked unpack before each single rename, deterministically.)
+staging (temp files, nothing visible changed), committing (some entries made visible, temp files left), after its
+last write (exiting), or after the process had finished. (tests/test_faults.py kills a forked unpack before each
+single rename, deterministically.)
 
 Usage: python bench/crash_trials.py --trials 60 [--copies 24] [--out bench/results/crash_trials.json]
 (tests/test_crash_concurrency.py runs 10 trials in CI.)
@@ -75,19 +77,40 @@ def unpack_cmd(archive: str, root: str, overwrite: bool) -> list[str]:
             *(["--overwrite"] if overwrite else [])]
 
 
-def time_run(cmd: list[str], root: str, env: dict) -> tuple[float, float]:
-    """Seconds until the run's lock (its first write) appears under ``root``, and until it exits."""
+def _stat(path: str):
+    try:
+        st = os.stat(path)
+        return (st.st_ino, st.st_mtime_ns)
+    except FileNotFoundError:
+        return None
+
+
+def time_run(cmd: list[str], root: str, env: dict, marker: str) -> tuple[float, float, float]:
+    """Seconds until the run's lock appears under ``root`` (staging starts), until the manifest ``marker`` (that
+    of the first entry, committed first) changes (commit starts), and until the run exits."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env)
-    first = None
+    first = commit = None
+    initial = _stat(marker)
     while proc.poll() is None:
         if first is None and os.path.isdir(root) and any(n.endswith(".lock") for n in os.listdir(root)):
             first = time.perf_counter() - start
-        time.sleep(0.001)
+        if commit is None and _stat(marker) != initial:
+            commit = time.perf_counter() - start
+        time.sleep(0.0005)
     full = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"unpack failed: {proc.returncode}")
-    return (first if first is not None else 0.5 * full), full
+    return (first if first is not None else 0.5 * full), (commit if commit is not None else 0.9 * full), full
+
+
+def wait_for_change(proc: subprocess.Popen, marker: str) -> float:
+    """Poll until the manifest ``marker`` changes (appears, disappears, is replaced): the commit has begun."""
+    start = time.perf_counter()
+    initial = _stat(marker)
+    while proc.poll() is None and _stat(marker) == initial:
+        time.sleep(0.0002)
+    return time.perf_counter() - start
 
 
 def wait_for_lock(proc: subprocess.Popen, root: str) -> float:
@@ -156,7 +179,7 @@ def check_visible(root: str, allowed: dict) -> list[str]:
 def classify(root: str, before: set, before_groups: dict) -> str:
     """Where a kill landed, from what it left: nothing, temp files only (staging), or visible changes."""
     if snapshot_groups(root) != before_groups:
-        return "committing"
+        return "committing" if temp_files(root) else "after-writes"
     if not os.path.isdir(root) or tree(root) == before:
         return "before-writes"
     return "staging"
@@ -172,10 +195,15 @@ def run_trials(trials: int, copies: int, work: str, seed: int = 0, log=print, so
     # a full run, timed, with the moment its first write appears (the first run fills the fingerprint cache)
     subprocess.run(unpack_cmd(archive, os.path.join(work, "warm"), False), check=True, env=env)
     shutil.rmtree(os.path.join(work, "warm"))
-    first, full = time_run(unpack_cmd(archive, os.path.join(work, "timing"), False), os.path.join(work, "timing"),
-                           env)
-    shutil.rmtree(os.path.join(work, "timing"))
-    log(f"full unpack: {full:.2f} s, first write at {first:.2f} s")
+    first_key, first_name = sorted(expected)[0]
+    timing = os.path.join(work, "timing")
+    runs = []
+    for _ in range(3):  # medians: one slow run must not skew where the kills land
+        runs.append(time_run(unpack_cmd(archive, timing, False), timing, env,
+                             os.path.join(timing, first_key, f"__grp__{first_name}.json")))
+        shutil.rmtree(timing)
+    first, commit, full = (sorted(column)[1] for column in zip(*runs, strict=True))
+    log(f"full unpack: {full:.2f} s, staging from {first:.2f} s, commit from {commit:.2f} s")
     results = []
     root = os.path.join(work, "root")
     scenarios = ["fresh", "resume", "overwrite", "partial"]
@@ -192,11 +220,16 @@ def run_trials(trials: int, copies: int, work: str, seed: int = 0, log=print, so
         before, before_groups = tree(root) if os.path.isdir(root) else set(), snapshot_groups(root)
         started = time.perf_counter()
         proc = subprocess.Popen(unpack_cmd(archive, root, overwrite), env=env, stderr=subprocess.PIPE)
-        if rng.random() < 0.2:  # anywhere in the run, start-up and planning included
+        aim = rng.random()
+        if aim < 0.2:  # anywhere in the run, start-up and planning included
             delay = rng.uniform(0, full)
             time.sleep(delay)
-        else:  # while it writes: a random time after its run lock appears (start-up time varies too much)
-            delay = wait_for_lock(proc, root) + rng.uniform(0, 1.1 * (full - first))
+        elif aim < 0.6:  # while it stages: a random time after its run lock appears (start-up time varies)
+            delay = wait_for_lock(proc, root) + rng.uniform(0, 1.1 * (commit - first))
+            time.sleep(max(0.0, delay - (time.perf_counter() - started)))
+        else:  # while it commits: a random time after the first entry's manifest changes
+            marker = os.path.join(root, first_key, f"__grp__{first_name}.json")
+            delay = wait_for_change(proc, marker) + rng.uniform(0, 1.1 * (full - commit))
             time.sleep(max(0.0, delay - (time.perf_counter() - started)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()

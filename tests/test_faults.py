@@ -385,3 +385,16 @@ def test_killed_at_every_step_of_an_overwrite(fast_tmp, compiled_root, where):
     assert step >= 12
     if where == "move":
         assert min(seen) < max(seen), "some kills must land while groups are hidden"
+
+
+def test_a_filesystem_without_flock_still_unpacks(tmp_path, archive, monkeypatch):
+    """Some network filesystems refuse flock (ENOLCK): the unpack goes on, and cleaners treat such a run's
+    temp files as live (they cannot tell), so nothing of it is removed while it runs."""
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    root = tmp_path / "root"
+    result = tritonpack.unpack(archive, root)
+    assert result.written == result.entries and not temp_files(root)
+    assert not group_problems(root, allowed(archive))

@@ -81,9 +81,11 @@ class RunLock:
             if fcntl is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:  # a cleaner took it in the instant between create and lock: try another token
+                except BlockingIOError:  # a cleaner took it in the instant between create and lock: another token
                     os.close(fd)
                     continue
+                except OSError:  # no flock on this filesystem: cleaners cannot lock it either, so they keep out
+                    pass
                 # A cleaner may have removed the file in that instant; then our lock guards nothing.
                 try:
                     same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -156,7 +158,7 @@ class _DeadRuns:
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held: a live unpack
+            except OSError:  # held by a live unpack (or no flock here: assume it is live)
                 os.close(fd)
                 self.live.add(match.groups())
                 continue
