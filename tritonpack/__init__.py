@@ -7,7 +7,6 @@ __version__ = "1.0.0"
 
 from .api import check, environment, open, pack, relocate, unpack, verify
 from .archive.reader import ArchiveReader
-from .ensuring import EnsureResult, ensure
 from .errors import (
     ArchiveError,
     CacheError,
@@ -24,14 +23,16 @@ from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
 from .report import PackResult, UnpackResult
 
 if TYPE_CHECKING:
+    from .ensuring import EnsureResult, ensure
     from .merging import MergeResult, merge
     from .oci import pull, push
     from .recording import RecordResult, record
     from .redis_cache import unpack_to_redis
 
-# Loaded on first use: model-loading code that only calls ensure() or unpack() does not pay for them.
-_LAZY = {"record": "recording", "RecordResult": "recording", "merge": "merging", "MergeResult": "merging",
-         "push": "oci", "pull": "oci", "unpack_to_redis": "redis_cache"}
+# Loaded on first use: code that calls only unpack() or open() does not pay for the rest.
+_LAZY = {"ensure": "ensuring", "EnsureResult": "ensuring", "record": "recording", "RecordResult": "recording",
+         "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci",
+         "unpack_to_redis": "redis_cache"}
 
 
 def __getattr__(name: str):
