@@ -65,7 +65,20 @@ import oracle  # noqa: E402
 
 ENV = tritonpack.api.environment(targets=["cuda:90"])
 tritonpack.api.environment = lambda *a, **k: ENV  # the preflight's inputs are fixed; its logic still runs
-WORK = tempfile.mkdtemp(prefix="tpack-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+def _work_dir() -> str:
+    """``tpack-fuzz-<pid>`` in /dev/shm (or the temp dir); libFuzzer exits without Python's clean-up, so the dirs
+    of fuzzers that are gone are removed here."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    for name in os.listdir(base):
+        pid = name[len("tpack-fuzz-"):]
+        if name.startswith("tpack-fuzz-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    path = os.path.join(base, f"tpack-fuzz-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+WORK = _work_dir()
 
 
 def TestOneInput(data: bytes) -> None:

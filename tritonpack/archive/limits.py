@@ -8,8 +8,10 @@ an index. The reference reader therefore refuses, before it decompresses or writ
   pass): real Triton files compress 5-20x;
 - an archive whose entries add up to more than ``max_unpack_bytes()`` (64 GiB unless the environment variable
   ``TRITONPACK_MAX_UNPACK_BYTES`` says otherwise), or whose blocks do;
-- an index with more than ``MAX_INDEX_VALUES`` msgpack values (maps and arrays count one plus their length),
-  which bounds the memory that decoding a hostile index can take to about a gigabyte.
+- an index that spends more than ``MAX_INDEX_VALUES`` (2^24, or ``TRITONPACK_MAX_INDEX_VALUES``) while it is
+  decoded: an array costs one plus its length, a map four plus twice its length. A real index costs about 110 per
+  kernel; the worst hostile shapes tried (arrays of 16 million tiny strings) peak at about 1.2 GB of memory before
+  they are refused.
 
 Free disk space is checked by the unpacker against what it will actually write (``staging.check_space``).
 """
@@ -22,8 +24,9 @@ from ..errors import ArchiveError
 MAX_RATIO = 1000
 RATIO_FLOOR = 1 << 20
 DEFAULT_MAX_UNPACK_BYTES = 64 << 30
-MAX_INDEX_VALUES = 1 << 25  # about 350,000 kernels
+MAX_INDEX_VALUES = 1 << 24  # about 150,000 kernels of 7 files (about 110 each, without dedupe)
 ENV_MAX_UNPACK_BYTES = "TRITONPACK_MAX_UNPACK_BYTES"
+ENV_MAX_INDEX_VALUES = "TRITONPACK_MAX_INDEX_VALUES"
 
 
 def max_unpack_bytes() -> int:
@@ -60,22 +63,36 @@ class IndexTooLarge(Exception):
     """Raised inside msgpack decoding when the value budget is spent."""
 
 
+def max_index_values() -> int:
+    value = os.environ.get(ENV_MAX_INDEX_VALUES, "").strip()
+    return int(value) if value.isdigit() else MAX_INDEX_VALUES
+
+
 def msgpack_budget(raw_size: int, limit: int | None = None) -> dict:
-    """Keyword arguments for ``msgpack.unpackb`` that stop decoding after ``limit`` values; no single array or map
-    may declare more elements than there are bytes (so a lying length allocates nothing)."""
-    limit = MAX_INDEX_VALUES if limit is None else limit
+    """Keyword arguments for ``msgpack.unpackb`` that stop decoding once ``limit`` is spent: an array costs one
+    plus its length, a map four plus twice its length (a dict slot weighs about four list slots); no single array
+    or map may declare more elements than the limit or than there are bytes (so a lying length allocates
+    nothing)."""
+    limit = max_index_values() if limit is None else limit
     left = limit
 
-    def spend(container):
+    def spend_list(container):
         nonlocal left
         left -= 1 + len(container)
         if left < 0:
             raise IndexTooLarge(limit)
         return container
 
+    def spend_map(container):
+        nonlocal left
+        left -= 4 + 2 * len(container)
+        if left < 0:
+            raise IndexTooLarge(limit)
+        return container
+
     most = min(limit, raw_size)
-    return {"max_array_len": most, "max_map_len": most, "object_hook": spend, "list_hook": spend}
+    return {"max_array_len": most, "max_map_len": most, "object_hook": spend_map, "list_hook": spend_list}
 
 
-__all__ = ["MAX_RATIO", "RATIO_FLOOR", "MAX_INDEX_VALUES", "max_unpack_bytes", "check_ratio", "check_expansion",
-           "msgpack_budget", "IndexTooLarge"]
+__all__ = ["MAX_RATIO", "RATIO_FLOOR", "MAX_INDEX_VALUES", "max_unpack_bytes", "max_index_values", "check_ratio",
+           "check_expansion", "msgpack_budget", "IndexTooLarge"]
