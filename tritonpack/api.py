@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pack, verify and relocate import their modules when called:
 Progress = Callable[[int, int], None]  # (bytes done so far, bytes in all)
 
 
-def _created() -> int | None:
+def source_date_epoch() -> int | None:
     """Wall-clock time only when asked for (SOURCE_DATE_EPOCH): same input, same bytes."""
     value = os.environ.get("SOURCE_DATE_EPOCH")
     if not value:
@@ -41,7 +41,7 @@ def _created() -> int | None:
     return created
 
 
-def _counter(total: int, progress: Progress | None):
+def progress_counter(total: int, progress: Progress | None):
     if progress is None:
         return None
     done = 0
@@ -106,10 +106,11 @@ def pack(
     triton = None if local is None else TritonInfo(
         local.version, local.key_sha256,
         {k: v for k, v in local.backend_hashes.items() if k in {f"{b}:{a}" for b, a, _ in targets}})
-    info = ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=_created(),
-                       python=python_info(), triton=triton)
+    info = ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR),
+                       created=source_date_epoch(), python=python_info(), triton=triton)
     total = sum(e.size for e in scan.entries)
-    written = write_archive(os.fspath(output), scan.entries, info, level=level, on_file=_counter(total, progress))
+    written = write_archive(os.fspath(output), scan.entries, info, level=level,
+                            on_file=progress_counter(total, progress))
     return PackResult(
         archive=os.fspath(output),
         cache_dir=root,
@@ -211,7 +212,7 @@ def unpack(
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
-        written = materialize(reader, root, placements, on_file=_counter(total, progress))
+        written = materialize(reader, root, placements, on_file=progress_counter(total, progress))
         placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten
         actions = [p.action for p in placements]
         return UnpackResult(

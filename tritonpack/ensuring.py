@@ -136,14 +136,14 @@ def _gpu_identity() -> list:
 
 def environment_key(targets: list[str] | None = None) -> str:
     """A digest of everything the preflight's answer depends on, computed without Triton (see the docstring)."""
-    from .fingerprint import _env_digest
+    from .fingerprint import env_digest
 
     doc = {
         "stamp": STAMP_VERSION,
         "tritonpack": __version__,
         "python": [sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX"), sysconfig.get_platform()],
         "triton": _triton_identity(),
-        "env": _env_digest(os.environ),
+        "env": env_digest(os.environ),
         "targets": sorted(targets) if targets else _gpu_identity(),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

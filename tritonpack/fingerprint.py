@@ -66,7 +66,7 @@ def _installed_identity(package: str) -> str:
     return digest.hexdigest()
 
 
-def _env_digest(environ: Mapping[str, str]) -> str:
+def env_digest(environ: Mapping[str, str]) -> str:
     items = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES))
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
@@ -105,7 +105,7 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
     targets = set(targets)
     wanted = {f"{b}:{a}" for b, a, _ in targets}
     path = os.path.join(_cache_home(), f"fingerprint-{_installed_identity(package)[:24]}-"
-                                       f"{_env_digest(os.environ)[:16]}.json")
+                                       f"{env_digest(os.environ)[:16]}.json")
     cached: dict = {}
     if use_cache:
         with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:

@@ -26,7 +26,7 @@ from .archivesource import ArchiveEntry, BlobStore, archive_entry
 from .errors import ConflictError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
 from .remote import open_source
-from .report import _counts, human_bytes, kind_counts, plural
+from .report import count_words, human_bytes, kind_counts, plural
 from .selection import EVERYTHING, Selection
 
 PREFER = ("first", "last")
@@ -69,7 +69,7 @@ class MergeResult:
             parts.append(f"{len(self.conflicts)} conflict{'' if len(self.conflicts) == 1 else 's'} resolved "
                          f"(--prefer {self.prefer})")
         ratio = self.bytes_in / self.bytes_out if self.bytes_out else 0.0
-        return (f"merged {plural(len(self.inputs), 'archive')} into {count} ({_counts(self.entries)}): "
+        return (f"merged {plural(len(self.inputs), 'archive')} into {count} ({count_words(self.entries)}): "
                 f"{', '.join(parts)}; {self.files} files, {human_bytes(self.bytes_in)} -> "
                 f"{human_bytes(self.bytes_out)} ({ratio:.1f}x) in {self.seconds:.2f} s -> {self.archive}")
 
@@ -146,7 +146,7 @@ def merge(
     """Write the union of ``inputs`` to ``output``. ``prefer`` (``"first"``/``"last"``) settles conflicts;
     without it a conflict raises ``ConflictError`` naming the key. ``selection`` takes part of each input (targets,
     kernels, binary-only). ``max_blocks`` caps decoded blocks in memory."""
-    from .api import _created
+    from .api import source_date_epoch
     from .archive.writer import write_archive
 
     if not inputs:
@@ -155,7 +155,7 @@ def merge(
         raise UsageError(f"--prefer must be first or last, not {prefer!r}")
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
-    created = _created()
+    created = source_date_epoch()
     start = time.perf_counter()
     names = [os.fspath(p) for p in inputs]
     with contextlib.ExitStack() as stack:

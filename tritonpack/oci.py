@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from .archive.reader import ArchiveReader
 from .archive.source import LocalFile
-from .archive.writer import _umask as umask
+from .archive.writer import current_umask as umask
 from .errors import RemoteError, TpackError, UsageError
 from .model import GROUP, ArchiveInfo, Entry
 from .remote import scheme_of

@@ -31,7 +31,7 @@ from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import RecordError, UsageError
 from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo
-from .report import _counts, human_bytes, kind_counts, plural
+from .report import count_words, human_bytes, kind_counts, plural
 
 HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
 HOOK_CLASS = "TrackingCacheManager"
@@ -273,7 +273,7 @@ class RecordResult:
     def summary(self) -> str:
         count = plural(sum(self.entries.values()), "entry", "entries")
         roots = ", ".join(self.roots) or "no root"
-        return (f"recorded {count} ({_counts(self.entries)}) used by `{shlex.join(self.command)}` from {roots}: "
+        return (f"recorded {count} ({count_words(self.entries)}) used by `{shlex.join(self.command)}` from {roots}: "
                 f"{len(self.recorded) - self.compiled} served from the cache, {self.compiled} written by the run; "
                 f"{self.files} files, {human_bytes(self.bytes_in)} -> {human_bytes(self.bytes_out)} "
                 f"in {self.pack_seconds:.2f} s -> {self.archive}")
@@ -332,7 +332,7 @@ def record(
     ``RecordError`` when the command fails (unless ``allow_failure``) or used no Triton cache entry.
     """
     from . import __version__
-    from .api import _created
+    from .api import source_date_epoch
     from .archive.writer import write_archive
 
     command = list(command)
@@ -343,7 +343,7 @@ def record(
     directory = os.path.dirname(os.path.abspath(os.fspath(output)))
     if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
         raise UsageError("cannot write the archive there (checked before running the command)", os.fspath(output))
-    created = _created()
+    created = source_date_epoch()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tritonpack-record-") as work:
         shutil.copyfile(os.path.join(os.path.dirname(__file__), "record_hook.py"),

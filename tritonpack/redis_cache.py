@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from .api import Progress, _counter, preflight
+from .api import Progress, preflight, progress_counter
 from .archive.reader import ArchiveReader
 from .cachedest import CONFLICT, PRESENT, REPLACE, WRITE, Placement
 from .errors import RemoteError, UsageError
@@ -205,7 +205,7 @@ def unpack_to_redis(
             with_blobs = [(tuple(reader.blob_of(n, i) for i in range(len(e.files))), e) for n, e in chosen]
             plans = plan(client, shown, fmt, with_blobs, overwrite)
             total = sum(p.entry.files[i].size for p in plans for i in p.files)
-            files, written = write(client, shown, fmt, reader, plans, _counter(total, progress))
+            files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))
     finally:
         client.close()
     actions = [p.action for p in plans]

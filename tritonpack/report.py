@@ -21,7 +21,7 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
-def _counts(kinds: dict[str, int]) -> str:
+def count_words(kinds: dict[str, int]) -> str:
     labels = {"group": "kernel", "autotune": "autotune result", "file": "file"}
     parts = [f"{n} {labels[k]}{'' if n == 1 else 's'}" for k, n in kinds.items() if n]
     return ", ".join(parts) or "nothing"
@@ -59,7 +59,7 @@ class PackResult:
 
     def summary(self) -> str:
         count = plural(sum(self.entries.values()), "entry", "entries")
-        return (f"packed {count} ({_counts(self.entries)}) from {self.cache_dir}: "
+        return (f"packed {count} ({count_words(self.entries)}) from {self.cache_dir}: "
                 f"{self.files} files, {human_bytes(self.bytes_in)} -> {human_bytes(self.bytes_out)} "
                 f"({self.ratio:.1f}x) in {self.seconds:.2f} s -> {self.archive}")
 
@@ -109,7 +109,8 @@ class UnpackResult:
             parts.append(f"{len(self.conflicts)} kept (differ)")
         if self.not_used_entries:
             parts.append(f"{self.not_used_entries} not used here (skipped)")
-        return (f"unpacked {plural(self.entries, 'entry', 'entries')} ({_counts(self.kinds)}) into {self.cache_dir}: "
+        count = plural(self.entries, "entry", "entries")
+        return (f"unpacked {count} ({count_words(self.kinds)}) into {self.cache_dir}: "
                 f"{', '.join(parts)}; {plural(self.files_written, 'file')}, {human_bytes(self.bytes_written)} "
                 f"in {self.seconds:.2f} s")
 

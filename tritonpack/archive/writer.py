@@ -99,7 +99,7 @@ def write_archive(
     try:
         with os.fdopen(fd, "wb") as out:
             result = _write(out, entries, info, level, block_size, threads or os.cpu_count() or 1, on_file)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
         return result
     except OSError as e:
@@ -109,7 +109,7 @@ def write_archive(
             os.unlink(tmp)
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
