@@ -80,7 +80,7 @@ def test_no_gpu_is_reported_not_refused(tmp_path, compiled_root):
 def test_without_triton_nothing_could_be_checked(tmp_path, compiled_root, monkeypatch):
     archive = tmp_path / "k.tpack"
     tritonpack.pack(compiled_root, archive)
-    monkeypatch.setattr("tritonpack.api.local_triton", lambda *a, **k: None)
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton", lambda *a, **k: None)
     result = tritonpack.unpack(archive, tmp_path / "root")
     assert result.written == result.entries
     assert any("Triton is not importable" in line for line in result.notes())

@@ -108,18 +108,22 @@ def test_free_space_is_checked_before_writing(tmp_path, archive, monkeypatch, ca
 
 # -- concurrent writers between plan and commit --
 
-def _racing_place(monkeypatch, act):
-    """Run ``act(root, entry)`` once, just before the first entry is re-checked at commit time."""
-    real = staging.place
+def _racing_place(monkeypatch, act, archive):
+    """Run ``act(root, entry)`` once, for the first group, just before its staged key directory is renamed in
+    (a fresh root stages whole key directories): the rename must then fail and each entry be re-checked."""
+    with tritonpack.open(archive) as reader:
+        groups = {e.key: e for e in reader.entries if e.kind == "group"}
+    real = staging._Writer.rename_in
     done = []
 
-    def place(root, entry, blobs, overwrite):
-        if not done and entry.kind == "group":
+    def rename_in(self, stage_dir, key_dir, paths):
+        entry = groups.get(os.path.basename(key_dir))
+        if not done and entry is not None:
             done.append(entry)
-            act(root, entry)
-        return real(root, entry, blobs, overwrite)
+            act(os.path.dirname(key_dir), entry)
+        return real(self, stage_dir, key_dir, paths)
 
-    monkeypatch.setattr(staging, "place", place)
+    monkeypatch.setattr(staging._Writer, "rename_in", rename_in)
     return done
 
 
@@ -139,7 +143,7 @@ def test_group_completed_by_another_writer_is_left_visible(tmp_path, archive, mo
             f.write(json.dumps({"child_paths": {n: os.path.join(root_dir, entry.key, n) for n in names}}))
         inode[manifest] = os.stat(manifest).st_ino
 
-    done = _racing_place(monkeypatch, complete)
+    done = _racing_place(monkeypatch, complete, archive)
     result = tritonpack.unpack(archive, root)
     assert done and result.present == 1 and result.written == result.entries - 1
     ((manifest, ino),) = inode.items()
@@ -159,7 +163,7 @@ def test_differing_group_that_appears_meanwhile_is_kept(tmp_path, archive, monke
         relocated = tritonpack.relocate(root_dir)
         assert relocated.fixed
 
-    done = _racing_place(monkeypatch, complete_differently)
+    done = _racing_place(monkeypatch, complete_differently, archive)
     result = tritonpack.unpack(archive, root, overwrite=True)
     key = done[0].key
     assert result.conflicts == [f"{key}/{done[0].name}"]
@@ -202,6 +206,10 @@ def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive
     (root / f"tmp.tpack.{dead}.0badc0de.lock").write_bytes(b"")
     (key_dir / f"tmp.tpack.{dead}.0badc0de0001").write_bytes(b"half")
     (other_dir / f"tmp.tpack.{dead}.0badc0de0002").write_bytes(b"half")
+    staged = root / f"tmp.tpack.{dead}.0badc0de0003"  # a whole key directory it was staging
+    staged.mkdir()
+    for name in ("k.ptx", "__grp__k.json"):
+        (staged / name).write_bytes(b"half")
     # a run of tritonpack 1.0.0 (no lock) killed long ago, and one whose pid is dead
     old = key_dir / f"tmp.tpack.{os.getpid()}.aaaaaaaaaaaa"
     old.write_bytes(b"old")
@@ -217,6 +225,9 @@ def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive
             key_dir / "tmp.tpack.note", key_dir / f"tmp.tpack.{dead}.ABCDEFABCDEF"]
     for path in keep:
         path.write_bytes(b"keep")
+    live_staged = root / f"tmp.tpack.{os.getpid()}.111111110001"
+    live_staged.mkdir()
+    (live_staged / "k.ptx").write_bytes(b"being written")
     (key_dir / f"tmp.pid_{os.getpid()}_0d1b").mkdir()
     (key_dir / f"tmp.pid_{os.getpid()}_0d1b" / "x.ptx").write_text("in flight")
     (key_dir / f"tmp.tpack.{dead}.dddddddddddd").symlink_to(key_dir / "tmp.tpack.note")
@@ -228,7 +239,8 @@ def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive
     left = sorted(p.name for p in key_dir.iterdir() if p.name.startswith("tmp."))
     assert left == sorted([p.name for p in keep] + [f"tmp.pid_{os.getpid()}_0d1b", f"tmp.tpack.{dead}.dddddddddddd"])
     assert not list(other_dir.glob("tmp.*")), "a dead run's files in any key directory go"
-    assert sorted(p.name for p in root.glob("tmp.*")) == [live.name]
+    assert sorted(p.name for p in root.glob("tmp.*")) == sorted([live.name, live_staged.name])
+    assert (live_staged / "k.ptx").read_bytes() == b"being written"
 
 
 def test_a_completed_run_leaves_no_temp_files(tmp_path, archive):

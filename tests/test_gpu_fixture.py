@@ -73,10 +73,12 @@ def test_golden_archive_is_reproduced_byte_for_byte(tmp_path):
     assert again.read_bytes() == GOLDEN.read_bytes()
 
 
-@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("h200-triton36-v1.0-early-writer.tpack")],
-                         ids=["current-writer", "early-writer"])
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("h200-triton36-v1.0-ldm-writer.tpack"),
+                                    GOLDEN.with_name("h200-triton36-v1.0-early-writer.tpack")],
+                         ids=["current-writer", "ldm-writer", "early-writer"])
 def test_golden_archive_reads(tmp_path, gpu_cache, golden):
-    """The current writer's golden, and one from the first 1.0 writer (8 MiB blocks, level 3, no long matching)."""
+    """The current writer's golden and those of earlier 1.0 writers: the first (8 MiB blocks, level 3) and the
+    second (level 7 with long-distance matching, files by name)."""
     with tritonpack.open(golden) as reader:
         assert reader.info.format_version == (1, 0)
         assert reader.info.triton.version == "3.6.0"

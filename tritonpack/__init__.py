@@ -5,8 +5,6 @@ from typing import TYPE_CHECKING
 
 __version__ = "1.0.0"
 
-from .api import check, environment, open, pack, relocate, unpack, verify
-from .archive.reader import ArchiveReader
 from .errors import (
     ArchiveError,
     CacheError,
@@ -19,28 +17,42 @@ from .errors import (
     UnsupportedFormatError,
     UsageError,
 )
-from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
-from .report import PackResult, UnpackResult
 
 if TYPE_CHECKING:
+    from .api import check, environment, open, pack, relocate, unpack, verify
+    from .archive.reader import ArchiveReader
     from .ensuring import EnsureResult, ensure
     from .merging import MergeResult, merge
+    from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
     from .oci import pull, push
     from .recording import RecordResult, record
     from .redis_cache import unpack_to_redis
+    from .report import PackResult, UnpackResult
 
-# Loaded on first use: code that calls only unpack() or open() does not pay for the rest.
-_LAZY = {"ensure": "ensuring", "EnsureResult": "ensuring", "record": "recording", "RecordResult": "recording",
-         "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci",
-         "unpack_to_redis": "redis_cache"}
+# Loaded on first use: `tritonpack list` or code that calls only unpack() does not pay for the rest.
+_LAZY = {
+    **dict.fromkeys(("check", "environment", "open", "pack", "relocate", "unpack", "verify"), "api"),
+    "ArchiveReader": "archive.reader",
+    **dict.fromkeys(("ArchiveInfo", "Entry", "KernelInfo", "StoredFile"), "model"),
+    **dict.fromkeys(("PackResult", "UnpackResult"), "report"),
+    "ensure": "ensuring", "EnsureResult": "ensuring", "record": "recording", "RecordResult": "recording",
+    "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci",
+    "unpack_to_redis": "redis_cache",
+}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 __all__ = [

@@ -10,18 +10,15 @@ from typing import TYPE_CHECKING
 from . import __version__
 from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
 from .archive.reader import ArchiveReader
-from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
-from .compat import CheckReport, Environment, check_entries
 from .errors import CacheError, IncompatibleError, UsageError
-from .fingerprint import local_triton
-from .gpus import parse_target, visible_targets
 from .model import ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
 from .report import PackResult, UnpackResult, kind_counts
 from .selection import EVERYTHING, Selection
 from .triton_env import default_cache_dir
 
-if TYPE_CHECKING:  # pack, verify and relocate import their modules when called: unpack starts faster
+if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
+    from .compat import CheckReport, Environment
     from .repair import RelocateReport, VerifyReport
 
 Progress = Callable[[int, int], None]  # (bytes done so far, bytes in all)
@@ -87,6 +84,7 @@ def pack(
     """
     from .archive.writer import write_archive
     from .cacheroot import scan_cache
+    from .fingerprint import local_triton
     from .triton_env import python_info
 
     start = time.perf_counter()
@@ -140,6 +138,10 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
 
     ``targets`` (``["cuda:90"]``) replaces GPU detection, for building images on machines without a GPU.
     """
+    from .compat import Environment
+    from .fingerprint import local_triton
+    from .gpus import parse_target, visible_targets
+
     wanted = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in entries
               if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
     local = local_triton(wanted)
@@ -154,6 +156,8 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
 
 def check(archive: str | os.PathLike, targets: list[str] | None = None) -> CheckReport:
     """Say, per entry, whether this environment's Triton will use it, and if not which factor differs."""
+    from .compat import check_entries
+
     with ArchiveReader(open_source(archive)) as reader:
         return check_entries(reader.entries, reader.info, environment(reader.entries, targets))
 
@@ -164,6 +168,8 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
 
     Raises ``IncompatibleError`` when none of them would be used here, unless ``force``.
     """
+    from .compat import check_entries
+
     selected = [(n, e) for n, e in enumerate(reader.entries) if selection.wants(e)]
     entries = tuple(e for _, e in selected)
     report = check_entries(entries, reader.info, environment(entries, targets))
@@ -198,6 +204,8 @@ def unpack(
     would be used, ``IncompatibleError`` is raised and the root is left untouched. ``selection`` takes part of
     the archive (targets, kernels, binary-only); only the blocks holding what it takes are decoded.
     """
+    from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
+
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
     with ArchiveReader(open_source(archive)) as reader:

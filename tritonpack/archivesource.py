@@ -1,4 +1,4 @@
-"""Stored files of open archives as sources for the archive writer (``merge``): ``.name`` and ``.read()``.
+"""Stored files of open archives as sources for the archive writer (``merge``): name, size and ``read_into``.
 
 The writer reads files in its own layout order, which jumps between blocks and between archives. A shared
 ``BlobStore`` decodes a block when one of its blobs is first read and keeps that block's wanted blobs until each
@@ -90,6 +90,7 @@ class ArchiveFile:
     """One stored file of an open archive; ``read`` goes through the shared ``BlobStore``."""
 
     name: str
+    size: int
     store: BlobStore
     source: int
     blob: int
@@ -97,6 +98,12 @@ class ArchiveFile:
 
     def read(self) -> bytes:
         return self.store.read(self.source, self.blob)
+
+    def read_into(self, view: memoryview) -> None:
+        data = self.read()
+        if len(data) != len(view):  # the reader verified size and digest: only a bug gets here
+            raise ArchiveError(f"stored file is {len(data)} bytes, not {len(view)}", self.path)
+        view[:] = data
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,6 @@ def archive_entry(reader: ArchiveReader, source: int, number: int, entry: Entry,
                   keep: Sequence[int] | None = None) -> ArchiveEntry:
     """``keep``: indices of the files to take (binary-only); all by default."""
     keep = range(len(entry.files)) if keep is None else keep
-    files = tuple(ArchiveFile(entry.files[j].name, store, source, reader.blob_of(number, j),
+    files = tuple(ArchiveFile(entry.files[j].name, entry.files[j].size, store, source, reader.blob_of(number, j),
                               f"{reader.path}:{entry.key}/{entry.files[j].name}") for j in keep)
     return ArchiveEntry(entry.kind, entry.key, entry.name, files, entry.kernel, entry.autotune, entry.stub)

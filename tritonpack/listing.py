@@ -1,10 +1,14 @@
 """Rendering an archive's index for people (a table) and programs (JSON)."""
 from __future__ import annotations
 
-from .compat import CheckReport
+from typing import TYPE_CHECKING
+
 from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
 from .report import human_bytes
 from .safetext import printable
+
+if TYPE_CHECKING:
+    from .compat import CheckReport
 
 
 def entry_to_dict(entry: Entry) -> dict:

@@ -1,14 +1,19 @@
 """Writing an unpack in two phases, so that a bad archive, a full disk or a kill never costs the user anything.
 
-1. **Stage.** Every file to write, and every manifest, is written to a temp file in its key directory (names and
-   clean-up in ``tempfiles``), decoding each needed block once and verifying every blob. Nothing visible changes:
-   a corrupt block, ``ENOSPC``/``EDQUOT`` or any other failure here removes the temp files and leaves the root as
+1. **Stage.** Every file to write, and every manifest, is written to a temp file (names and clean-up in
+   ``tempfiles``), decoding each needed block once and verifying every blob. A key directory the root lacks (the
+   usual case: a fresh root) is staged whole in a temp directory at the root, its files under their final names;
+   into a key directory that exists, files are staged under temp names. Nothing visible changes: a corrupt block,
+   ``ENOSPC``/``EDQUOT`` or any other failure here removes the temp files and directories and leaves the root as
    it was (key directories this run created are removed again if they are empty).
-2. **Commit**, entry by entry. Each entry is compared with the root again (``place``), because another unpack or a
-   Triton compile may have completed it since the plan: what is now present is left alone, a differing entry that
-   appeared meanwhile is kept (reported as a conflict), and only a manifest that this comparison saw is unlinked
-   (replace, repair) before the entry's files are renamed in; the manifest is renamed in last. A manifest that was
-   absent is never hidden, so a concurrent writer's complete group stays visible throughout.
+2. **Commit.** A staged key directory is renamed into place: one step makes all of its entries visible, and the
+   rename fails rather than merge if the key directory appeared meanwhile with content. Then, and for existing
+   key directories, it goes entry by entry: each entry is compared with the root again (``place``), because
+   another unpack or a Triton compile may have completed it since the plan: what is now present is left alone, a
+   differing entry that appeared meanwhile is kept (reported as a conflict), and only a manifest that this
+   comparison saw is unlinked (replace, repair) before the entry's files are renamed in; the manifest is renamed
+   in last. A manifest that was absent is never hidden, so a concurrent writer's complete group stays visible
+   throughout.
 
 Commit needs no free space (renames only), so a full disk is met in phase 1. Before phase 1, the free space and
 inodes of the target filesystem are checked against what the plan will write.
@@ -16,6 +21,7 @@ inodes of the target filesystem are checked against what the plan will write.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -26,10 +32,11 @@ from .cachedest import CONFLICT, RELINK, REPLACE, WRITE, Placement, Written, man
 from .errors import CacheError
 from .model import GROUP, manifest_name
 from .report import human_bytes
-from .tempfiles import RunLock, clean_stale
+from .tempfiles import RunLock, clean_stale, remove_stage_dir
 
 WRITERS = 4
-MAX_PENDING_WRITES = 256
+BATCH_FILES, BATCH_BYTES = 64, 1 << 20
+MAX_PENDING_BATCHES = 16
 
 
 @dataclass
@@ -81,6 +88,7 @@ class _Writer:
         self.root = root
         self.lock = RunLock(root)
         self.temps: set[str] = set()
+        self.stage_dirs: set[str] = set()
         self.created_dirs: list[str] = []
 
     def ensure_dir(self, path: str) -> None:
@@ -95,18 +103,50 @@ class _Writer:
         os.makedirs(path, exist_ok=True)
         self.created_dirs.extend(reversed(missing))
 
-    def stage(self, directory: str, data: bytes | memoryview) -> str:
-        try:
+    def stage_dir(self) -> str:
+        """A new staging directory at the root, for a key directory the root lacks."""
+        for _ in range(0x10000):
+            path = os.path.join(self.root, self.lock.temp_name())
             try:
-                fd, path = self.lock.create(directory)
-            except FileNotFoundError:  # a failing concurrent unpack removed the empty directory: make it again
-                os.makedirs(directory, exist_ok=True)
-                fd, path = self.lock.create(directory)
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            self.stage_dirs.add(path)
+            return path
+        raise OSError(errno.EEXIST, "no free temp directory name", self.root)
+
+    def stage(self, directory: str, name: str | None, data: bytes | memoryview) -> str:
+        """Write ``data`` to a new file: ``name`` in a staging directory, else a temp name in a key directory."""
+        try:
+            if name is not None:
+                path = os.path.join(directory, name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            else:
+                try:
+                    fd, path = self.lock.create(directory)
+                except FileNotFoundError:  # a failing concurrent unpack removed the empty directory: make it again
+                    os.makedirs(directory, exist_ok=True)
+                    fd, path = self.lock.create(directory)
             self.temps.add(path)
             _write_all(fd, data)
         except OSError as e:  # name the directory: the temp file is gone by the time the error is shown
             raise OSError(e.errno, e.strerror, directory) from e
         return path
+
+    def stage_batch(self, jobs: Sequence[tuple[str, str | None, bytes | memoryview]]) -> list[str]:
+        return [self.stage(directory, name, data) for directory, name, data in jobs]
+
+    def rename_in(self, stage_dir: str, key_dir: str, paths: list[str]) -> bool:
+        """Move a staged key directory into place; False if the key directory appeared meanwhile with content."""
+        try:
+            os.rename(stage_dir, key_dir)  # replaces an empty directory, never a non-empty one
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                return False
+            raise
+        self.stage_dirs.discard(stage_dir)
+        self.temps.difference_update(paths)
+        return True
 
     def move(self, temp: str, final: str) -> None:
         os.replace(temp, final)
@@ -122,6 +162,8 @@ class _Writer:
         """After a failure: remove every temp file left, then the directories this run made, if still empty."""
         for temp in list(self.temps):
             self.discard(temp)
+        for directory in list(self.stage_dirs):
+            remove_stage_dir(directory)
         self.lock.release()
         for directory in reversed(self.created_dirs):
             with contextlib.suppress(OSError):
@@ -175,41 +217,86 @@ def write_staged(
     w = _Writer(root)
     try:
         staged: dict[int, _Staged] = {n: _Staged() for n in active}
+        by_key: dict[str, list[int]] = {}
+        for n in active:
+            by_key.setdefault(placements[n].entry.key, []).append(n)
+        w.ensure_dir(root)  # recorded if this run makes it: removed again if the run fails
+        w.lock.acquire()
+        stage_dirs: dict[str, str] = {}  # key -> its staging directory, for keys the root lacks
+        for key in by_key:
+            key_dir = os.path.join(root, key)
+            if os.path.lexists(key_dir):
+                w.ensure_dir(key_dir)
+            else:
+                stage_dirs[key] = w.stage_dir()
         targets: dict[int, list[tuple[int, int]]] = {}
         for n in active:
             p = placements[n]
-            w.ensure_dir(os.path.join(root, p.entry.key))
             for i in p.files:
                 targets.setdefault(p.blobs[i], []).append((n, i))
-        w.lock.acquire()
-        # Creating files is the cost of an unpack: a few writer threads overlap it with decoding and hashing.
+
+        def job(n: int, name: str, data) -> tuple[str, str | None, bytes | memoryview]:
+            key = placements[n].entry.key
+            if key in stage_dirs:
+                return stage_dirs[key], name, data
+            return os.path.join(root, key), None, data
+
+        # Creating files is the cost of an unpack: writer threads overlap it with decoding and hashing. Files go
+        # to them in batches; one task a file costs more in thread hand-offs than the write itself.
         with ThreadPoolExecutor(max_workers=WRITERS) as pool:
-            pending: deque[tuple[Future, int, int, int]] = deque()
+            pending: deque[tuple[Future, list[tuple[int, int, int]]]] = deque()
+            batch: list[tuple[str, str | None, bytes | memoryview]] = []
+            owners: list[tuple[int, int, int]] = []
+            batched = 0
 
             def settle(limit: int) -> None:
                 while len(pending) > limit or (pending and pending[0][0].done()):
-                    future, n, i, size = pending.popleft()
-                    staged[n].files[i] = future.result()
-                    if on_file:
-                        on_file(size)
+                    future, done = pending.popleft()
+                    for (n, i, size), temp in zip(done, future.result(), strict=True):
+                        staged[n].files[i] = temp
+                        if on_file:
+                            on_file(size)
+
+            def submit() -> None:
+                nonlocal batch, owners, batched
+                if batch:
+                    pending.append((pool.submit(w.stage_batch, batch), owners))
+                    batch, owners, batched = [], [], 0
+                    settle(MAX_PENDING_BATCHES)
 
             for blob, content in reader.iter_blobs(targets):
                 for n, i in targets[blob]:
-                    directory = os.path.join(root, placements[n].entry.key)
-                    pending.append((pool.submit(w.stage, directory, content), n, i, len(content)))
-                settle(MAX_PENDING_WRITES)
+                    batch.append(job(n, placements[n].entry.files[i].name, content))
+                    owners.append((n, i, len(content)))
+                    batched += len(content)
+                if batched >= BATCH_BYTES or len(batch) >= BATCH_FILES:
+                    submit()
+            submit()
             settle(0)
-            manifests = {n: pool.submit(w.stage, os.path.join(root, placements[n].entry.key),
-                                        manifest_bytes(root, placements[n].entry))
-                         for n in active if placements[n].writes_manifest}
-            for n, future in manifests.items():
-                staged[n].manifest = future.result()
+            manifests = [n for n in active if placements[n].writes_manifest]
+            jobs = [job(n, manifest_name(placements[n].entry.name), manifest_bytes(root, placements[n].entry))
+                    for n in manifests]
+            for n, temp in zip(manifests, pool.submit(w.stage_batch, jobs).result(), strict=True):
+                staged[n].manifest = temp
         final = list(placements)
         files = size = 0
-        for n in active:
-            final[n], f, s = _commit(w, root, placements[n], staged[n])
-            files += f
-            size += s
+        for key, numbers in by_key.items():
+            key_dir = os.path.join(root, key)
+            if key in stage_dirs:
+                paths = [t for n in numbers for t in [*staged[n].files.values(), staged[n].manifest] if t]
+                if w.rename_in(stage_dirs[key], key_dir, paths):
+                    for n in numbers:
+                        p = placements[n]
+                        files += len(p.files)
+                        size += sum(p.entry.files[i].size for i in p.files)
+                    continue
+            for n in numbers:  # an existing key directory, or one that appeared meanwhile: entry by entry
+                final[n], f, s = _commit(w, root, placements[n], staged[n])
+                files += f
+                size += s
+            if key in stage_dirs:
+                remove_stage_dir(stage_dirs[key])
+                w.stage_dirs.discard(stage_dirs[key])
         return Written(files, size, tuple(final))
     except BaseException:
         w.abandon()

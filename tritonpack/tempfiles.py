@@ -11,8 +11,12 @@ it dies (``kill -9`` included). The next unpack therefore knows exactly which te
 - a temp file with no run lock (tritonpack 1.0.0, or a lock already cleaned): removed when its pid is not alive in
   this pid namespace or when it is more than an hour old.
 
-Only regular files named exactly like ours are ever removed: never Triton's ``tmp.pid_*`` directories, never
-anything else.
+A key directory that does not exist yet is staged whole as a directory ``<root>/tmp.tpack.<pid>.<12 hex>`` and
+renamed into place in one step; the same rules decide when such a directory is an orphan, and then its regular
+files and the directory itself are removed.
+
+Only regular files named exactly like ours, and our staging directories, are ever removed: never Triton's
+``tmp.pid_*`` directories, never anything else.
 """
 from __future__ import annotations
 
@@ -217,9 +221,39 @@ def clean_stale(root: str, key_dirs: list[str]) -> int:
             for name in names:
                 if _orphan(directory, name, runs, now) and _remove_file(os.path.join(directory, name)):
                     removed += 1
+        for name in _names(root):
+            path = os.path.join(root, name)
+            if _is_dir(path) and _orphan(root, name, runs, now):
+                removed += remove_stage_dir(path)
     finally:
         runs.finish()
     return removed
 
 
-__all__ = ["RunLock", "clean_stale", "TEMP_RE", "LOCK_RE", "PREFIX"]
+def _names(directory: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(directory) if n.startswith(PREFIX)]
+    except OSError:
+        return []
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_stage_dir(path: str) -> int:
+    """Remove a staging directory: its regular files, then itself if that left it empty. Returns files removed."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return 0
+    removed = sum(_remove_file(os.path.join(path, n)) for n in names)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+    return removed
+
+
+__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "TEMP_RE", "LOCK_RE", "PREFIX"]

@@ -272,6 +272,8 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     entries: list[Entry] = []
     file_blobs: dict[tuple[int, int], int] = {}
     seen: set[tuple[str, str, str]] = set()
+    claimed: dict[str, set[str]] = {}  # key -> file names written there: two entries must never write one file
+    good_names: set[str] = set()  # names already validated (kernels of one template share their file names)
     unknown = 0
     for n, raw_entry in enumerate(doc.get("entries", list)):
         e = _Fields(raw_entry, f"entries[{n}]", path)
@@ -292,38 +294,36 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
         raw_files = e.get("files", list)
         if not raw_files:
             raise ArchiveError(f"index: entries[{n}] has no files", path)
+        number = len(entries)
         for j, raw_file in enumerate(raw_files):
-            if not (isinstance(raw_file, list) and len(raw_file) == 2):
+            if type(raw_file) is not list or len(raw_file) != 2:
                 raise ArchiveError(f"index: entries[{n}].files[{j}] is malformed", path)
             fname, blob = raw_file
-            if not valid_file_name(fname) or fname.startswith("__grp__"):
-                raise ArchiveError(f"index: entries[{n}] has an invalid file name {fname!r}", path)
+            if fname not in good_names:
+                if not valid_file_name(fname) or fname.startswith("__grp__"):
+                    raise ArchiveError(f"index: entries[{n}] has an invalid file name {fname!r}", path)
+                good_names.add(fname)
             if fname in names:
                 raise ArchiveError(f"index: entries[{n}] lists {fname} twice", path)
-            if not isinstance(blob, int) or isinstance(blob, bool) or not 0 <= blob < len(blobs):
+            if type(blob) is not int or not 0 <= blob < len(blobs):
                 raise ArchiveError(f"index: entries[{n}].files[{j}] points to no blob", path)
             names.add(fname)
-            files.append(StoredFile(fname, blobs[blob].size, blobs[blob].sha256))
-            file_blobs[(len(entries), j)] = blob
+            ref = blobs[blob]
+            files.append(StoredFile(fname, ref.size, ref.sha256))
+            file_blobs[(number, j)] = blob
         if kind != GROUP and (len(files) != 1 or files[0].name != name):
             raise ArchiveError(f"index: entries[{n}] must hold exactly the file {name}", path)
-        if kind == GROUP and f"{name}.json" not in names:
-            raise ArchiveError(f"index: entries[{n}] has no kernel metadata {name}.json", path)
+        if kind == GROUP:
+            if f"{name}.json" not in names:
+                raise ArchiveError(f"index: entries[{n}] has no kernel metadata {name}.json", path)
+            names.add(f"__grp__{name}.json")
+        taken = claimed.setdefault(key, set())
+        if not taken.isdisjoint(names):
+            raise ArchiveError(f"index: {key}/{min(taken & names)} is claimed by two entries", path)
+        taken |= names
         meta = _decode_meta(kind, _Fields(e.get("meta", dict, False) or {}, f"entries[{n}].meta", path))
         entries.append(Entry(kind=kind, key=key, name=name, files=tuple(files), **meta))
-    _check_unique_paths(entries, path)
     return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)
-
-
-def _check_unique_paths(entries: list[Entry], path: str) -> None:
-    """Two entries must never write the same file."""
-    owner: dict[tuple[str, str], str] = {}
-    for e in entries:
-        names = [f.name for f in e.files] + ([f"__grp__{e.name}.json"] if e.kind == GROUP else [])
-        for name in names:
-            if (e.key, name) in owner:
-                raise ArchiveError(f"index: {e.key}/{name} is claimed by two entries", path)
-            owner[(e.key, name)] = e.name
 
 
 __all__ = ["Block", "BlobRef", "Index", "encode_index", "decode_index", "valid_file_name", "CODEC_ZSTD", "FILE"]
