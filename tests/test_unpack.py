@@ -108,3 +108,61 @@ def test_pack_is_deterministic(tmp_path, compiled_root, monkeypatch):
     tritonpack.pack(compiled_root, tmp_path / "3.tpack")
     with tritonpack.open(tmp_path / "3.tpack") as reader:
         assert reader.info.created == 1700000000
+
+
+def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, compiled_root):
+    """Dedupe moves later contents up inside a block; blocks of duplicates only are not written. Same bytes with
+    1 or 4 threads, and every file comes back."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    twin = next(p for p in root.iterdir() if p.is_dir())
+    (root / ("D" * 52)).mkdir()
+    for i, name in enumerate(("a.so", "b.so", "c.so")):  # the same bytes three times, and an empty file
+        (root / ("D" * 52) / name).write_bytes(b"" if i == 2 else (twin / next(twin.glob("*.json")).name).read_bytes())
+    scan = scan_cache(str(root))
+    info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
+    for threads in (1, 4):
+        write_archive(str(tmp_path / f"{threads}.tpack"), scan.entries, info, block_size=4096, threads=threads)
+    assert (tmp_path / "1.tpack").read_bytes() == (tmp_path / "4.tpack").read_bytes()
+    with tritonpack.open(tmp_path / "1.tpack") as reader:
+        assert len(reader.index.blocks) > 3 and len(reader.index.blobs) < sum(len(e.files) for e in reader.entries)
+    tritonpack.unpack(tmp_path / "1.tpack", tmp_path / "out", force=True)
+    src, out = snapshot(root), snapshot(tmp_path / "out")
+    assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
+           {k: v[2] for k, v in out.items() if "__grp__" not in k}
+
+
+def test_a_file_that_changes_size_during_pack_is_an_error_and_no_archive(tmp_path, compiled_root, monkeypatch):
+    from tritonpack import cacheroot
+
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    real = cacheroot.scan_cache
+
+    def scan_then_grow(path):
+        scan = real(path)
+        with open(scan.entries[0].files[0].path, "ab") as f:
+            f.write(b"// appended after the scan\n")
+        return scan
+
+    monkeypatch.setattr(cacheroot, "scan_cache", scan_then_grow)
+    with pytest.raises(tritonpack.CacheError, match="changed while being packed"):
+        tritonpack.pack(root, tmp_path / "k.tpack")
+    assert not list(tmp_path.glob("*.tpack")) and not list(tmp_path.glob(".tpack-*"))
+
+
+def test_fresh_key_directories_appear_whole_and_existing_ones_are_completed(tmp_path, archive):
+    """A key directory the root lacks is staged aside and renamed in; an empty one (Triton makes the directory
+    on a lookup) is filled in place; either way no temp file or staging directory is left."""
+    root = tmp_path / "root"
+    with tritonpack.open(archive) as reader:
+        keys = sorted({e.key for e in reader.entries})
+    (root / keys[0]).mkdir(parents=True)
+    result = tritonpack.unpack(archive, root)
+    assert result.written == result.entries
+    assert sorted(p.name for p in root.iterdir()) == keys
+    again = tritonpack.unpack(archive, root)
+    assert again.present == again.entries

@@ -117,7 +117,7 @@ def kernel_info(metadata: dict) -> KernelInfo:
 
     arch = target.get("arch")
 
-    env = {k: str(v) for k, v in sorted(metadata.items()) if _ENV_NAME.match(k)}
+    env = {k: str(v) for k, v in sorted(metadata.items()) if k.isupper() and _ENV_NAME.match(k)}
     return KernelInfo(
         backend=text(target.get("backend")),
         arch=arch if isinstance(arch, str) or integer(arch) is not None else None,
@@ -198,6 +198,16 @@ def _read_json(path: str):
         return None
 
 
+def _inside(path, directory: str) -> bool:
+    """Whether a manifest's child path names a file of ``directory`` (``os.path.abspath`` only when in doubt)."""
+    if not isinstance(path, str):
+        return False
+    parent, _, name = path.rpartition(os.sep)
+    if parent == directory and name not in ("", ".", ".."):
+        return True
+    return os.path.dirname(os.path.abspath(path)) == directory
+
+
 def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
                 skipped: list[Skipped]) -> LocalEntry | None:
     key_dir = os.path.join(root, key)
@@ -229,14 +239,12 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
         skipped.append(Skipped(f"{key}/{metadata_name}", "unreadable kernel metadata"))
         return None
     own_dir = os.path.abspath(key_dir)
-    foreign = any(
-        not isinstance(path, str) or os.path.dirname(os.path.abspath(path)) != own_dir for path in children.values()
-    )
+    foreign = any(not _inside(path, own_dir) for path in children.values())
     return LocalEntry(
         kind=GROUP,
         key=key,
         name=group_name,
-        files=tuple(LocalFile(n, os.path.join(key_dir, n), files[n]) for n in names),
+        files=tuple(LocalFile(n, f"{key_dir}{os.sep}{n}", files[n]) for n in names),
         kernel=kernel_info(metadata),
         foreign_manifest=foreign,
     )

@@ -198,6 +198,32 @@ def _depth(value: Any) -> int:
     return depth if not level else MAX_META_DEPTH + 1
 
 
+_KERNEL_UINTS = ("warp_size", "num_warps", "num_stages", "num_ctas", "shared")
+_KERNEL_STRS = ("backend", "triton_version", "hash")
+
+
+def _kernel_fast(m: dict) -> KernelInfo | None:
+    """A group's metadata in the well-formed case, checked without helpers (thousands per index); ``None`` sends
+    the caller to ``_decode_meta``, which names the first problem."""
+    env = m.get("env") or {}
+    if type(env) is not dict or not all(type(k) is str and type(v) is str for k, v in env.items()):
+        return None
+    arch = m.get("arch")
+    if arch is not None and type(arch) is not int and type(arch) is not str:
+        return None
+    for name in _KERNEL_UINTS:
+        value = m.get(name)
+        if value is not None and (type(value) is not int or not 0 <= value < 2**63):
+            return None
+    for name in _KERNEL_STRS:
+        value = m.get(name)
+        if value is not None and type(value) is not str:
+            return None
+    return KernelInfo(backend=m.get("backend"), arch=arch, warp_size=m.get("warp_size"),
+                      num_warps=m.get("num_warps"), num_stages=m.get("num_stages"), num_ctas=m.get("num_ctas"),
+                      shared=m.get("shared"), triton_version=m.get("triton_version"), hash=m.get("hash"), env=env)
+
+
 def _decode_meta(kind: str, meta: _Fields) -> dict:
     if kind == GROUP:
         env = meta.get("env", dict, False) or {}
@@ -276,12 +302,18 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     good_names: set[str] = set()  # names already validated (kernels of one template share their file names)
     unknown = 0
     for n, raw_entry in enumerate(doc.get("entries", list)):
-        e = _Fields(raw_entry, f"entries[{n}]", path)
-        kind = e.get("kind", str)
+        if type(raw_entry) is dict:  # the usual case, without per-field helpers
+            kind, key, name = raw_entry.get("kind"), raw_entry.get("key"), raw_entry.get("name")
+            raw_files, raw_meta = raw_entry.get("files"), raw_entry.get("meta")
+        if type(raw_entry) is not dict or type(kind) is not str or (kind in KINDS and not (
+                type(key) is str and type(name) is str and type(raw_files) is list)):
+            e = _Fields(raw_entry, f"entries[{n}]", path)  # names the first problem
+            kind = e.get("kind", str)
+            if kind in KINDS:
+                key, name, raw_files = e.get("key", str), e.get("name", str), e.get("files", list)
         if kind not in KINDS:
             unknown += 1
             continue
-        key, name = e.get("key", str), e.get("name", str)
         if not KEY_RE.fullmatch(key):
             raise ArchiveError(f"index: entries[{n}] has an invalid cache key {key!r}", path)
         if not valid_file_name(name) or (kind == GROUP and not valid_file_name(f"__grp__{name}.json")):
@@ -291,7 +323,6 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
         seen.add((key, kind, name))
         files: list[StoredFile] = []
         names: set[str] = set()
-        raw_files = e.get("files", list)
         if not raw_files:
             raise ArchiveError(f"index: entries[{n}] has no files", path)
         number = len(entries)
@@ -321,7 +352,13 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
         if not taken.isdisjoint(names):
             raise ArchiveError(f"index: {key}/{min(taken & names)} is claimed by two entries", path)
         taken |= names
-        meta = _decode_meta(kind, _Fields(e.get("meta", dict, False) or {}, f"entries[{n}].meta", path))
+        kernel = _kernel_fast(raw_meta) if kind == GROUP and type(raw_meta) is dict else None
+        if kernel is not None:
+            meta = {"kernel": kernel}
+        else:
+            if raw_meta is not None and type(raw_meta) is not dict:
+                raise ArchiveError(f"index: entries[{n}].meta has the wrong type", path)
+            meta = _decode_meta(kind, _Fields(raw_meta or {}, f"entries[{n}].meta", path))
         entries.append(Entry(kind=kind, key=key, name=name, files=tuple(files), **meta))
     return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)
 

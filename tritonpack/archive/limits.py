@@ -91,6 +91,8 @@ def msgpack_budget(raw_size: int, limit: int | None = None) -> dict:
         return container
 
     most = min(limit, raw_size)
+    if 5 * raw_size <= limit:  # each value takes a byte at least, so this input cannot spend more than 5 a byte
+        return {"max_array_len": most, "max_map_len": most}
     return {"max_array_len": most, "max_map_len": most, "object_hook": spend_map, "list_hook": spend_list}
 
 
