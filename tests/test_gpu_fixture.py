@@ -10,6 +10,7 @@ import pytest
 from conftest import snapshot
 
 import tritonpack
+from tritonpack.selection import Selection
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -90,3 +91,20 @@ def test_golden_archive_reads(tmp_path, gpu_cache, golden):
     out = snapshot(tmp_path / "root")
     assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
            {k: v[2] for k, v in out.items() if "__grp__" not in k}
+
+
+def test_real_max_autotune_archive_reads_and_unpacks_in_part(tmp_path):
+    """The torch.compile max-autotune cache from an H200 (bench/perf.py's real cache): its index lists what the
+    compile left, and one kernel family unpacks from the blocks that hold it, as Triton's files and manifests."""
+    archive = FIXTURES / "torch-max-autotune-h200-triton36.tpack"
+    with tritonpack.open(archive) as reader:
+        groups = [e for e in reader.entries if e.kind == "group"]
+        assert len(groups) == 780 and {e.target for e in groups} == {"cuda:90"}
+        assert sum(e.name.startswith("triton_mm") for e in groups) == 413
+        assert len(reader.index.blocks) >= 6  # 211 MB in 32 MiB blocks
+    result = tritonpack.unpack(archive, tmp_path / "root", force=True,
+                               selection=Selection(kernels=("triton_per_fused_add_native_layer*",)))
+    assert result.written > 10 and result.files_written == 7 * (result.written - 1) + 1  # and the launcher stub
+    for manifest in (tmp_path / "root").glob("*/__grp__*.json"):
+        children = json.loads(manifest.read_text())["child_paths"]
+        assert all(os.path.isfile(p) and os.path.dirname(p) == str(manifest.parent) for p in children.values())
