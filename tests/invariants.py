@@ -38,7 +38,12 @@ def expected_groups(archive) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def manifests(root) -> list[str]:
-    return sorted(p for p in tree(root) if os.path.basename(p).startswith("__grp__")) if os.path.isdir(root) else []
+    """The manifests Triton can see: ``<key>/__grp__*.json`` directly in a key directory of the root. A killed
+    unpack's staging directory (``tmp.tpack.*``, never a cache key) holds manifests that no lookup reaches."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(p for p in tree(root) if os.path.basename(p).startswith("__grp__")
+                  and len(p.split(os.sep)) == 2 and not p.startswith("tmp."))
 
 
 def group_problems(root, allowed: dict[tuple[str, str], list[dict[str, str]]] | None = None) -> list[str]:
