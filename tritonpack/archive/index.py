@@ -205,8 +205,10 @@ _KERNEL_STRS = ("backend", "triton_version", "hash")
 def _kernel_fast(m: dict) -> KernelInfo | None:
     """A group's metadata in the well-formed case, checked without helpers (thousands per index); ``None`` sends
     the caller to ``_decode_meta``, which names the first problem."""
-    env = m.get("env") or {}
-    if type(env) is not dict or not all(type(k) is str and type(v) is str for k, v in env.items()):
+    env = m.get("env")
+    if env is None:
+        env = {}
+    elif type(env) is not dict or not all(type(k) is str and type(v) is str for k, v in env.items()):
         return None
     arch = m.get("arch")
     if arch is not None and type(arch) is not int and type(arch) is not str:
