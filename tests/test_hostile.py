@@ -198,3 +198,19 @@ def test_archive_that_is_not_a_regular_file(tmp_path, capsys):
     code, _, err = run_cli(capsys, "unpack", "/dev/zero", "--cache-dir", tmp_path / "root")
     assert code == 2 and "not a regular file" in err
     assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("meta", [
+    {}, {"env": None}, {"env": {}}, {"env": []}, {"env": 0}, {"env": {"A": 1}}, {"arch": True}, {"arch": -1},
+    {"arch": "gfx942"}, {"num_warps": True}, {"num_warps": -1}, {"shared": 2**63}, {"backend": 1}, {"hash": None},
+])
+def test_kernel_metadata_fast_path_agrees_with_the_checked_path(meta):
+    """Well-formed group metadata skips the field-by-field checks; anything else must go to them unchanged."""
+    from tritonpack.archive.index import _decode_meta, _Fields, _kernel_fast
+
+    fast = _kernel_fast(meta)
+    try:
+        checked = _decode_meta("group", _Fields(meta, "entries[0].meta", "x.tpack"))["kernel"]
+    except tritonpack.ArchiveError:
+        checked = None
+    assert fast is None or fast == checked
