@@ -49,13 +49,13 @@ class LocalFile:
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", self.path) from e
         try:
-            got = 0
+            got, past_end = 0, bytearray(1)  # a byte read into past_end means the file grew
             while got < len(view):
-                n = os.readv(fd, [view[got:]])
+                n = os.readv(fd, [view[got:], past_end])
                 if n == 0:
                     break
                 got += n
-            if got != len(view) or os.read(fd, 1):
+            if got != len(view):
                 raise CacheError("changed while being packed (its size is not what the scan saw); pack again",
                                  self.path)
         except OSError as e:
