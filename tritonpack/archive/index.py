@@ -332,7 +332,7 @@ def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             if type(raw_file) is not list or len(raw_file) != 2:
                 raise ArchiveError(f"index: entries[{n}].files[{j}] is malformed", path)
             fname, blob = raw_file
-            if fname not in good_names:
+            if type(fname) is not str or fname not in good_names:
                 if not valid_file_name(fname) or fname.startswith("__grp__"):
                     raise ArchiveError(f"index: entries[{n}] has an invalid file name {fname!r}", path)
                 good_names.add(fname)
