@@ -67,6 +67,13 @@ def main() -> None:
                         "/dev/shm takes the disk's noise out and leaves the CPU's cost")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="tp-perf-", dir=args.work)
+    try:
+        measure(args, work)
+    finally:  # the unpacked cache, archives and outputs go whatever failed
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args, work: str) -> None:
     tp = [sys.executable, "-m", "tritonpack"]
     cache = os.path.abspath(args.cache)
     if os.path.isfile(cache):  # an archive of a real cache: its files, as a cache root to measure
@@ -110,60 +117,57 @@ def main() -> None:
     # Untimed: the first pack on a machine fingerprints the local Triton for these targets (it imports Triton,
     # once; bench/unpack_overhead.py measures that cold case). Every timed run then finds it cached.
     subprocess.run([*tp, "pack", cache, "-o", paths["tpack"], "-q"], check=True)
-    try:
-        for round_number in range(args.rounds):
-            for name, (cmd, before) in cases.items():
-                if name == "tar | zstd -19 -T0" and round_number:  # minutes, and only its size is a goal
-                    continue
-                if name.endswith("--arch None"):  # one target only: no partial unpack to measure
-                    continue
-                if before:
-                    before()
-                if callable(cmd):  # built after ``before`` chose the output directory
-                    cmd = cmd()
-                ok = (0, 5, 6) if name == "tritonpack check" else (0,)  # 6: some entries are for other targets
-                samples.setdefault(name, []).append(run(cmd, shell=isinstance(cmd, str), ok=ok))
-        files, size = dir_stats(cache)
-        result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
-                  "source": args.cache, "targets": targets, "work": os.path.dirname(work),
-                  "zstd": "cli" if shutil.which("zstd") else "python-zstandard (no zstd CLI)",
-                  "cache": {"files": files, "bytes": size,
-                            "kernels": sum(1 for d, _, ns in os.walk(cache) for n in ns if n.startswith("__grp__"))},
-                  "rounds": args.rounds, "cases": {}}
-        for name, runs in samples.items():
-            result["cases"][name] = {"seconds": round(statistics.median(r[0] for r in runs), 3),
-                                     "peak_rss_mb": round(max(r[1] for r in runs) / 2**20, 1)}
-        sizes = {"tar | zstd -19 -T0": os.path.getsize(paths["zst19"]),
-                 "tar | zstd -3 -T0": os.path.getsize(paths["zst3"]),
-                 "tritonpack pack": os.path.getsize(paths["tpack"])}
-        for name, n in sizes.items():
-            result["cases"][name]["bytes"] = n
-        c = result["cases"]
-        full = c["tritonpack unpack"]["seconds"]
-        result["goals"] = {
-            "archive bytes / tar|zstd-19 (<= 0.6)": round(sizes["tritonpack pack"] / sizes["tar | zstd -19 -T0"], 3),
-            "pack time / tar|zstd-3 (<= 2.0)":
-                round(c["tritonpack pack"]["seconds"] / c["tar | zstd -3 -T0"]["seconds"], 3),
-            "unpack time / tar -x (<= 1.0)": round(full / c["tar -x (.tar.zst -19)"]["seconds"], 3),
-            "peak RSS pack, MB (<= 256)": c["tritonpack pack"]["peak_rss_mb"],
-            "peak RSS unpack, MB (<= 256)": c["tritonpack unpack"]["peak_rss_mb"],
-            "list seconds (<= 0.2)": c["tritonpack list"]["seconds"],
-            "check seconds (<= 0.2)": c["tritonpack check"]["seconds"],
-            "one arch / full unpack (<= 0.4 for 1 of 3)":
-                round(c[f"tritonpack unpack --arch {one_arch}"]["seconds"] / full, 3) if one_arch else None,
-            "binary-only / full unpack": round(c["tritonpack unpack --binary-only"]["seconds"] / full, 3),
-        }
-        print(f"cache: {files} files, {size / 1e6:.1f} MB, {result['cache']['kernels']} kernels")
-        print(f"{'case':<36} {'seconds':>8} {'peak MB':>8} {'bytes':>12}")
-        for name, v in c.items():
-            print(f"{name:<36} {v['seconds']:8.3f} {v['peak_rss_mb']:8.1f} {v.get('bytes', ''):>12}")
-        for goal, value in result["goals"].items():
-            print(f"{goal:<45} {value}")
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    for round_number in range(args.rounds):
+        for name, (cmd, before) in cases.items():
+            if name == "tar | zstd -19 -T0" and round_number:  # minutes, and only its size is a goal
+                continue
+            if name.endswith("--arch None"):  # one target only: no partial unpack to measure
+                continue
+            if before:
+                before()
+            if callable(cmd):  # built after ``before`` chose the output directory
+                cmd = cmd()
+            ok = (0, 5, 6) if name == "tritonpack check" else (0,)  # 6: some entries are for other targets
+            samples.setdefault(name, []).append(run(cmd, shell=isinstance(cmd, str), ok=ok))
+    files, size = dir_stats(cache)
+    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+              "source": args.cache, "targets": targets, "work": os.path.dirname(work),
+              "zstd": "cli" if shutil.which("zstd") else "python-zstandard (no zstd CLI)",
+              "cache": {"files": files, "bytes": size,
+                        "kernels": sum(1 for d, _, ns in os.walk(cache) for n in ns if n.startswith("__grp__"))},
+              "rounds": args.rounds, "cases": {}}
+    for name, runs in samples.items():
+        result["cases"][name] = {"seconds": round(statistics.median(r[0] for r in runs), 3),
+                                 "peak_rss_mb": round(max(r[1] for r in runs) / 2**20, 1)}
+    sizes = {"tar | zstd -19 -T0": os.path.getsize(paths["zst19"]),
+             "tar | zstd -3 -T0": os.path.getsize(paths["zst3"]),
+             "tritonpack pack": os.path.getsize(paths["tpack"])}
+    for name, n in sizes.items():
+        result["cases"][name]["bytes"] = n
+    c = result["cases"]
+    full = c["tritonpack unpack"]["seconds"]
+    result["goals"] = {
+        "archive bytes / tar|zstd-19 (<= 0.6)": round(sizes["tritonpack pack"] / sizes["tar | zstd -19 -T0"], 3),
+        "pack time / tar|zstd-3 (<= 2.0)":
+            round(c["tritonpack pack"]["seconds"] / c["tar | zstd -3 -T0"]["seconds"], 3),
+        "unpack time / tar -x (<= 1.0)": round(full / c["tar -x (.tar.zst -19)"]["seconds"], 3),
+        "peak RSS pack, MB (<= 256)": c["tritonpack pack"]["peak_rss_mb"],
+        "peak RSS unpack, MB (<= 256)": c["tritonpack unpack"]["peak_rss_mb"],
+        "list seconds (<= 0.2)": c["tritonpack list"]["seconds"],
+        "check seconds (<= 0.2)": c["tritonpack check"]["seconds"],
+        "one arch / full unpack (<= 0.4 for 1 of 3)":
+            round(c[f"tritonpack unpack --arch {one_arch}"]["seconds"] / full, 3) if one_arch else None,
+        "binary-only / full unpack": round(c["tritonpack unpack --binary-only"]["seconds"] / full, 3),
+    }
+    print(f"cache: {files} files, {size / 1e6:.1f} MB, {result['cache']['kernels']} kernels")
+    print(f"{'case':<36} {'seconds':>8} {'peak MB':>8} {'bytes':>12}")
+    for name, v in c.items():
+        print(f"{name:<36} {v['seconds']:8.3f} {v['peak_rss_mb']:8.1f} {v.get('bytes', ''):>12}")
+    for goal, value in result["goals"].items():
+        print(f"{goal:<45} {value}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":
