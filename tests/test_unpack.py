@@ -1,9 +1,11 @@
 """Unpack semantics: idempotent, never replaces differing content unless asked, never a partial group."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
+import time
 
 import pytest
 from conftest import snapshot
@@ -133,6 +135,28 @@ def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, 
     src, out = snapshot(root), snapshot(tmp_path / "out")
     assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
            {k: v[2] for k, v in out.items() if "__grp__" not in k}
+
+
+def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled_root, monkeypatch):
+    """A slow block must not hold back the next ones (their buffers are reused at once), yet the file keeps block
+    order: same bytes as one thread, and finished outputs that wait for a slow one stay bounded."""
+    from tritonpack.archive import writer
+    from tritonpack.cacheroot import scan_cache
+
+    scan = scan_cache(str(compiled_root))
+    info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
+    writer.write_archive(str(tmp_path / "serial.tpack"), scan.entries, info, block_size=4096, threads=1)
+    real, calls = writer.compress_block, itertools.count()
+
+    def every_fifth_slow(data, level):
+        if next(calls) % 5 == 0:
+            time.sleep(0.05)
+        return real(data, level)
+
+    monkeypatch.setattr(writer, "compress_block", every_fifth_slow)
+    writer.write_archive(str(tmp_path / "parallel.tpack"), scan.entries, info, block_size=4096, threads=4)
+    assert next(calls) > 10
+    assert (tmp_path / "parallel.tpack").read_bytes() == (tmp_path / "serial.tpack").read_bytes()
 
 
 def test_a_file_that_changes_size_during_pack_is_an_error_and_no_archive(tmp_path, compiled_root, monkeypatch):
