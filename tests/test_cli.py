@@ -120,6 +120,39 @@ def test_quiet_check_and_list_answer_by_exit_status(archive, tmp_path, capsys):
     assert main(["list", str(tmp_path / "bad.tpack"), "-q"]) == 3
 
 
+QUICK_FORMS = [
+    ["list", "{a}"], ["list", "{a}", "--json"], ["list", "-q", "{a}"], ["list", "--quiet", "{bad}"],
+    ["list", "{missing}"], ["check", "{a}"], ["check", "{a}", "--target", "cuda:90", "--json"],
+    ["check", "--target=cuda:80", "--target", "hip:gfx942", "{a}"], ["check", "-q", "{bad}"],
+]
+TYPER_FORMS = [
+    ["list"], ["list", "--help"], ["list", "{a}", "{a}"], ["list", "{a}", "--json=yes"], ["list", "{a}", "-qq"],
+    ["check", "{a}", "--target"], ["check", "{a}", "--target", "--json"], ["check", "{a}", "--arch", "90"],
+    ["list", "--", "{a}"], ["verify", "{a}"],
+]
+
+
+@pytest.mark.parametrize("form", QUICK_FORMS + TYPER_FORMS, ids=" ".join)
+def test_plain_list_and_check_run_without_typer_and_print_the_same(form, archive, tmp_path, capsys):
+    """The entry point answers plain list/check forms itself; everything else, and the same forms through typer,
+    give the same output, errors and exit status."""
+    from tritonpack import entry
+
+    (tmp_path / "bad.tpack").write_bytes(b"nope")
+    argv = [w.format(a=archive, bad=tmp_path / "bad.tpack", missing=tmp_path / "none.tpack") for w in form]
+    assert (entry.parse_quick(argv) is not None) == (form in QUICK_FORMS)
+    quick = entry.main(argv), capsys.readouterr()
+    full = main(argv), capsys.readouterr()
+    assert quick == full
+
+
+def test_plain_list_imports_no_typer(archive):
+    code = ("import sys; from tritonpack.entry import main; assert main(['list', sys.argv[1]]) == 0; "
+            "assert not any(m == 'typer' or m.startswith('typer.') for m in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(archive)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

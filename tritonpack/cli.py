@@ -1,7 +1,8 @@
-"""The ``tritonpack`` command: a thin typer layer over the Python API. Errors become one line and an exit code."""
+"""The ``tritonpack`` command: a thin typer layer over the Python API. Errors become one line and an exit code.
+
+The entry point (``entry.py``) runs plain ``list`` and ``check`` command lines without importing this module."""
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import contextmanager
 
@@ -9,31 +10,11 @@ import typer
 
 from . import __version__, api
 from .archive.format import DEFAULT_LEVEL
-from .errors import (
-    ArchiveError,
-    CacheError,
-    ConflictError,
-    IncompatibleError,
-    RecordError,
-    RemoteError,
-    TpackError,
-    UsageError,
-)
-from .listing import check_to_dict, entry_to_dict, info_to_dict, render_check, render_table
-from .safetext import printable, printable_lines
+from .entry import check_output, exit_code, list_output, print_error
+from .entry import to_json as _json
+from .errors import TpackError, UsageError
+from .safetext import printable
 from .selection import Selection, parse_since
-
-# The one place where errors become exit codes.
-EXIT_CODES: list[tuple[type[TpackError], int]] = [
-    (UsageError, 2),
-    (ArchiveError, 3),
-    (CacheError, 4),
-    (IncompatibleError, 5),
-    (RemoteError, 7),
-    (RecordError, 8),
-    (ConflictError, 9),
-    (TpackError, 1),
-]
 
 # typer bundles its own click (0.2x) or uses click's; reach the exception classes through its public BadParameter.
 _CLICK_ERRORS = {c.__name__: c for c in typer.BadParameter.__mro__}
@@ -51,11 +32,7 @@ app = typer.Typer(
 
 
 def _err(line: str) -> None:
-    typer.echo(printable(line), err=True)  # names come from archives: one line, no terminal escapes
-
-
-def _out(text: str) -> None:
-    typer.echo(printable_lines(text))
+    print_error(line)
 
 
 @contextmanager
@@ -92,11 +69,6 @@ def _since(text: str | None) -> float | None:
 
 def _selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
     return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only)
-
-
-def _json(doc) -> str:
-    """One line of JSON: the C encoder (an indented dump is ten times slower on large archives); pipe to jq."""
-    return json.dumps(doc, default=str)
 
 
 def _emit(result, as_json: bool, quiet: bool) -> None:
@@ -193,15 +165,11 @@ def check(
 
     Example: tritonpack check kernels.tpack --target cuda:90
     """
-    report = api.check(archive, targets=target or None)
-    if as_json:
-        typer.echo(_json(check_to_dict(report, archive)))
-    elif not quiet:
-        _out(render_check(report, archive))
-    if report.verdicts and not report.usable:
-        raise typer.Exit(5)
-    if report.unusable:
-        raise typer.Exit(6)
+    text, code = check_output(archive, target or [], as_json, quiet)
+    if text is not None:
+        typer.echo(text)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -252,15 +220,9 @@ def list_(
 
     Example: tritonpack list kernels.tpack --json | jq '.entries[] | select(.kind == "group") | .name'
     """
-    with api.open(archive) as reader:
-        if quiet:
-            return
-        if as_json:
-            doc = {"archive": archive, **info_to_dict(reader.info, reader.digest),
-                   "entries": [entry_to_dict(e) for e in reader.entries]}
-            typer.echo(_json(doc))
-        else:
-            _out(render_table(reader.info, reader.entries, archive))
+    text = list_output(archive, as_json, quiet)
+    if text is not None:
+        typer.echo(text)
 
 
 PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback registries only)."
@@ -401,10 +363,6 @@ def _root(
     pass
 
 
-def exit_code(error: TpackError) -> int:
-    return next(code for cls, code in EXIT_CODES if isinstance(error, cls))
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, prog_name="tritonpack", standalone_mode=False)
@@ -424,7 +382,3 @@ def main(argv: list[str] | None = None) -> int:
         _err("error: interrupted")
         return 130
     return result if isinstance(result, int) else 0
-
-
-def run() -> None:
-    sys.exit(main())
