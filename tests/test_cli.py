@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -124,26 +125,74 @@ QUICK_FORMS = [
     ["list", "{a}"], ["list", "{a}", "--json"], ["list", "-q", "{a}"], ["list", "--quiet", "{bad}"],
     ["list", "{missing}"], ["check", "{a}"], ["check", "{a}", "--target", "cuda:90", "--json"],
     ["check", "--target=cuda:80", "--target", "hip:gfx942", "{a}"], ["check", "-q", "{bad}"],
+    ["unpack", "{bad}", "--cache-dir", "{out}"], ["unpack", "{a}", "--cache-dir={out}", "--arch", "90", "--json",
+                                                  "--target", "cuda:80"],
+    ["pack", "{missing}", "-o", "{out}/k.tpack"], ["pack", "{a}", "--level", "0", "-o", "{out}/k.tpack"],
+    ["pack", "{a}", "--since", "soon", "-o", "{out}/k.tpack"], ["pack", "{bad}", "--level", "1_0"],
 ]
 TYPER_FORMS = [
     ["list"], ["list", "--help"], ["list", "{a}", "{a}"], ["list", "{a}", "--json=yes"], ["list", "{a}", "-qq"],
     ["check", "{a}", "--target"], ["check", "{a}", "--target", "--json"], ["check", "{a}", "--arch", "90"],
-    ["list", "--", "{a}"], ["verify", "{a}"],
+    ["list", "--", "{a}"], ["verify", "{a}"], ["unpack", "{a}", "--to-redis", "redis://localhost:1"],
+    ["pack", "{a}", "--level", "high"], ["unpack"], ["pack", "-o{out}"],
+]
+PARSED_FORMS = [
+    ["pack"], ["pack", "{a}", "-o", "x.tpack", "--level", "3", "--arch", "90", "--arch=gfx942", "--kernel", "t*",
+               "--binary-only", "--since", "12h", "--json", "-q"], ["pack", "--output=y", "--level=+5", "--quiet"],
+    ["unpack", "{a}"], ["unpack", "--force", "{a}", "--overwrite", "--target", "cuda:90", "--cache-dir", "/r",
+                        "--kernel", "a", "--kernel", "b", "--binary-only", "--json"],
+    ["check", "{a}", "--target", "cuda:90", "--target=hip:gfx942", "--quiet"], ["list", "--json", "{a}"],
 ]
 
 
+def _fill(form, archive, tmp_path, out="out"):
+    return [w.format(a=archive, bad=tmp_path / "bad.tpack", missing=tmp_path / "none.tpack", out=tmp_path / out)
+            for w in form]
+
+
+def _same_run(code, captured, tmp_path, out):
+    """What a run printed, with its own output directory and its timing masked."""
+    def mask(text):
+        return re.sub(r'("seconds": |in )[0-9.e-]+', r"\1T", text.replace(str(tmp_path / out), "OUT"))
+
+    return code, mask(captured.out), mask(captured.err)
+
+
 @pytest.mark.parametrize("form", QUICK_FORMS + TYPER_FORMS, ids=" ".join)
-def test_plain_list_and_check_run_without_typer_and_print_the_same(form, archive, tmp_path, capsys):
-    """The entry point answers plain list/check forms itself; everything else, and the same forms through typer,
-    give the same output, errors and exit status."""
+def test_the_quick_path_and_typer_print_the_same(form, archive, tmp_path, capsys):
+    """The entry point answers plain list/check/pack/unpack forms itself; everything else, and the same forms
+    through typer, give the same output, errors and exit status."""
     from tritonpack import entry
 
     (tmp_path / "bad.tpack").write_bytes(b"nope")
-    argv = [w.format(a=archive, bad=tmp_path / "bad.tpack", missing=tmp_path / "none.tpack") for w in form]
+    argv = _fill(form, archive, tmp_path, "quick")
     assert (entry.parse_quick(argv) is not None) == (form in QUICK_FORMS)
-    quick = entry.main(argv), capsys.readouterr()
-    full = main(argv), capsys.readouterr()
+    quick = _same_run(entry.main(argv), capsys.readouterr(), tmp_path, "quick")
+    full = _same_run(main(_fill(form, archive, tmp_path, "typer")), capsys.readouterr(), tmp_path, "typer")
     assert quick == full
+
+
+@pytest.mark.parametrize("form", PARSED_FORMS, ids=" ".join)
+def test_the_quick_path_parses_as_typer_does(form, archive, tmp_path):
+    """Every parameter the quick path hands to a command body is what typer's parser makes of the same line."""
+    import inspect
+
+    import typer
+
+    from tritonpack import commands, entry
+    from tritonpack.cli import app
+
+    argv = _fill(form, archive, tmp_path)
+    command, params = entry.parse_quick(argv)
+    parsed = typer.main.get_command(app).commands[command].make_context(command, argv[1:]).params
+    body = getattr(commands, f"{command}_output")
+    call = inspect.signature(body).bind(**params)
+    call.apply_defaults()
+    for name, value in parsed.items():
+        if name == "to_redis":
+            continue
+        mine, value = call.arguments[name], list(value) if isinstance(value, tuple) else value  # click: tuples
+        assert (mine or None, name) == (value or None, name) or (name, mine, value) == ("level", None, 8)
 
 
 def test_plain_list_imports_no_typer(archive):

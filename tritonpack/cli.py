@@ -10,11 +10,18 @@ import typer
 
 from . import __version__, api
 from .archive.format import DEFAULT_LEVEL
-from .entry import check_output, exit_code, list_output, print_error
-from .entry import to_json as _json
+from .commands import (
+    check_output,
+    list_output,
+    pack_output,
+    print_error,
+    reported,
+    selection,
+    show,
+    unpack_output,
+)
+from .entry import exit_code
 from .errors import TpackError, UsageError
-from .safetext import printable
-from .selection import Selection, parse_since
 
 # typer bundles its own click (0.2x) or uses click's; reach the exception classes through its public BadParameter.
 _CLICK_ERRORS = {c.__name__: c for c in typer.BadParameter.__mro__}
@@ -58,27 +65,8 @@ KERNEL_HELP = "Only kernels whose name matches this shell glob (e.g. 'triton_poi
 BINARY_HELP = "Groups with only their metadata json and binary (cubin/hsaco), as TRITON_STORE_BINARY_ONLY keeps."
 
 
-def _since(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return parse_since(text)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def _selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
-    return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only)
-
-
 def _emit(result, as_json: bool, quiet: bool) -> None:
-    if as_json:
-        typer.echo(_json(result.to_dict()))
-        return
-    if not quiet:
-        for line in result.notes():
-            _err(line)
-        typer.echo(printable(result.summary()))
+    show(reported(result, as_json, quiet))
 
 
 @app.command()
@@ -102,9 +90,7 @@ def pack(
     Example: tritonpack pack ~/.triton/cache -o kernels.tpack --arch cuda:90
     """
     with _progress(not (quiet or as_json), "packing") as progress:
-        result = api.pack(cache_dir, output, level=level, selection=_selection(arch, kernel, binary_only),
-                          since=_since(since), progress=progress)
-    _emit(result, as_json, quiet)
+        show(pack_output(cache_dir, output, level, arch, kernel, binary_only, since, as_json, quiet, progress))
 
 
 ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."
@@ -143,12 +129,11 @@ def unpack(
                                  "unpacking into a cache directory")
             from .redis_cache import unpack_to_redis
 
-            result = unpack_to_redis(archive, to_redis, overwrite=overwrite, force=force, targets=target or None,
-                                     progress=progress)
+            _emit(unpack_to_redis(archive, to_redis, overwrite=overwrite, force=force, targets=target or None,
+                                  progress=progress), as_json, quiet)
         else:
-            result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
-                                selection=_selection(arch, kernel, binary_only), progress=progress)
-    _emit(result, as_json, quiet)
+            show(unpack_output(archive, cache_dir, overwrite, force, target, arch, kernel, binary_only, as_json,
+                               quiet, progress))
 
 
 @app.command()
@@ -165,9 +150,7 @@ def check(
 
     Example: tritonpack check kernels.tpack --target cuda:90
     """
-    text, code = check_output(archive, target or [], as_json, quiet)
-    if text is not None:
-        typer.echo(text)
+    code = show(check_output(archive, target, as_json, quiet))
     if code:
         raise typer.Exit(code)
 
@@ -220,9 +203,7 @@ def list_(
 
     Example: tritonpack list kernels.tpack --json | jq '.entries[] | select(.kind == "group") | .name'
     """
-    text = list_output(archive, as_json, quiet)
-    if text is not None:
-        typer.echo(text)
+    show(list_output(archive, as_json, quiet))
 
 
 PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback registries only)."
@@ -346,7 +327,7 @@ def merge(
     from .merging import merge as merge_archives
 
     result = merge_archives(archives, output, prefer=prefer, level=level,
-                            selection=_selection(arch, kernel, binary_only))
+                            selection=selection(arch, kernel, binary_only))
     _emit(result, as_json, quiet)
 
 
