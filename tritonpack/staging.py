@@ -37,6 +37,7 @@ from .tempfiles import RunLock, clean_stale, remove_stage_dir
 WRITERS = 4
 BATCH_FILES, BATCH_BYTES = 64, 1 << 20
 MAX_PENDING_BATCHES = 16
+MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest
 
 
 @dataclass
@@ -54,20 +55,17 @@ def _existing_ancestor(path: str) -> str:
     return path
 
 
-def check_space(root: str, placements: Sequence[Placement]) -> None:
-    """Refuse, before writing anything, what the target filesystem cannot hold (bytes, then inodes)."""
+def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[bytes]) -> None:
+    """Refuse, before writing anything, what the target filesystem cannot hold (bytes, then inodes): the
+    placements' files and the ``manifests`` they write."""
     try:
         st = os.statvfs(_existing_ancestor(root))
     except (OSError, AttributeError):  # no statvfs: the writes themselves will tell
         return
     unit = st.f_frsize or st.f_bsize or 4096
-    need = files = 0
-    for p in placements:
-        sizes = [p.entry.files[i].size for i in p.files]
-        if p.writes_manifest:
-            sizes.append(len(manifest_bytes(root, p.entry)))
-        need += sum(-(-size // unit) * unit for size in sizes)
-        files += len(sizes)
+    sizes = [p.entry.files[i].size for p in placements for i in p.files] + [len(m) for m in manifests]
+    need = sum(-(-size // unit) * unit for size in sizes)
+    files = len(sizes)
     keys = {p.entry.key for p in placements}
     available = st.f_bavail * unit
     if need > available:
@@ -213,7 +211,8 @@ def write_staged(
     active = [n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)]
     if not active:
         return Written(0, 0, tuple(placements))
-    check_space(root, [placements[n] for n in active])
+    manifests = {n: manifest_bytes(root, placements[n].entry) for n in active if placements[n].writes_manifest}
+    check_space(root, [placements[n] for n in active], list(manifests.values()))
     w = _Writer(root)
     try:
         staged: dict[int, _Staged] = {n: _Staged() for n in active}
@@ -253,6 +252,9 @@ def write_staged(
                 while len(pending) > limit or (pending and pending[0][0].done()):
                     future, done = pending.popleft()
                     for (n, i, size), temp in zip(done, future.result(), strict=True):
+                        if i == MANIFEST:
+                            staged[n].manifest = temp
+                            continue
                         staged[n].files[i] = temp
                         if on_file:
                             on_file(size)
@@ -264,6 +266,13 @@ def write_staged(
                     batch, owners, batched = [], [], 0
                     settle(MAX_PENDING_BATCHES)
 
+            # Manifests first: they need no block, so the writers make them while the first block decodes.
+            for n, data in manifests.items():
+                batch.append(job(n, manifest_name(placements[n].entry.name), data))
+                owners.append((n, MANIFEST, len(data)))
+                if len(batch) >= BATCH_FILES:
+                    submit()
+            submit()
             for blob, content in reader.iter_blobs(targets):
                 for n, i in targets[blob]:
                     batch.append(job(n, placements[n].entry.files[i].name, content))
@@ -273,11 +282,6 @@ def write_staged(
                     submit()
             submit()
             settle(0)
-            manifests = [n for n in active if placements[n].writes_manifest]
-            jobs = [job(n, manifest_name(placements[n].entry.name), manifest_bytes(root, placements[n].entry))
-                    for n in manifests]
-            for n, temp in zip(manifests, pool.submit(w.stage_batch, jobs).result(), strict=True):
-                staged[n].manifest = temp
         final = list(placements)
         files = size = 0
         for key, numbers in by_key.items():
