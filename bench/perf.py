@@ -74,7 +74,8 @@ def main() -> None:
 
 
 def measure(args, work: str) -> None:
-    tp = [sys.executable, "-m", "tritonpack"]
+    # What the console script runs (no runpy, unlike -m): also where the package is on PYTHONPATH, not installed.
+    tp = [sys.executable, "-c", "from tritonpack.entry import run; run()"]
     cache = os.path.abspath(args.cache)
     if os.path.isfile(cache):  # an archive of a real cache: its files, as a cache root to measure
         source, cache = cache, os.path.join(work, "cache")
@@ -110,7 +111,8 @@ def measure(args, work: str) -> None:
         "tritonpack unpack": (unpack(), fresh_out),
         f"tritonpack unpack --arch {one_arch}": (unpack("--arch", one_arch or ""), fresh_out),
         "tritonpack unpack --binary-only": (unpack("--binary-only"), fresh_out),
-        "tritonpack list": ([*tp, "list", paths["tpack"], "--json"], None),
+        "tritonpack list": ([*tp, "list", paths["tpack"]], None),
+        "tritonpack list --json": ([*tp, "list", paths["tpack"], "--json"], None),
         "tritonpack check": ([*tp, "check", paths["tpack"], "--target", targets[0] if targets else "cuda:90"], None),
     }
     samples: dict[str, list[tuple[float, int]]] = {}

@@ -19,6 +19,7 @@ import time
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TRITONPACK = [sys.executable, "-c", "from tritonpack.entry import run; run()"]  # as the console script runs it
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION is unset")
 
@@ -34,7 +35,7 @@ def make_archive(work: str) -> str:
     with cache_dir(root):
         triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
     archive = os.path.join(work, "one.tpack")
-    subprocess.run([sys.executable, "-m", "tritonpack", "pack", root, "-o", archive, "-q"], check=True)
+    subprocess.run([*TRITONPACK, "pack", root, "-o", archive, "-q"], check=True)
     return archive
 
 
@@ -56,7 +57,7 @@ def main() -> None:
         archive = make_archive(work)
         target = os.path.join(work, "root")
         warm_env = {**os.environ, "XDG_CACHE_HOME": os.path.join(work, "xdg")}
-        cli = [sys.executable, "-m", "tritonpack", "unpack", archive, "--cache-dir", target, "-q"]
+        cli = [*TRITONPACK, "unpack", archive, "--cache-dir", target, "-q"]
         api = [sys.executable, "-c", f"import tritonpack; tritonpack.unpack({archive!r}, {target!r})"]
 
         def fresh_root():
