@@ -22,7 +22,7 @@ from invariants import expected_groups, group_problems, sha, temp_files
 
 import tritonpack
 from tritonpack import staging
-from tritonpack.cli import main
+from tritonpack.entry import main
 
 KiB = 1024
 

@@ -13,24 +13,11 @@ import shutil
 
 from invariants import group_problems, temp_files, tree
 
-from tritonpack import cli
 from tritonpack.archive.reader import ArchiveReader
-from tritonpack.cli import main
+from tritonpack.entry import main
 from tritonpack.errors import TpackError
 
 COMMANDS = (["list"], ["list", "--json"], ["check", "--target", "cuda:90"])
-
-
-_BUILT: list = []
-
-
-def _built_app():
-    """typer rebuilds its click command on every call (12 ms); thousands of calls per second want it once."""
-    if not _BUILT:
-        import typer.main
-
-        _BUILT.append(typer.main.get_command(cli.app))
-    return _BUILT[0]
 
 
 class Crash(AssertionError):
@@ -38,13 +25,10 @@ class Crash(AssertionError):
 
 
 def _quiet(argv: list[str]) -> tuple[int, str]:
+    """The command as users run it (``tritonpack.entry``: these plain forms never reach typer)."""
     err = io.StringIO()
-    typer_app, cli.app = cli.app, _built_app()  # only while the oracle runs: other tests see the real app
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            code = main(argv)
-    finally:
-        cli.app = typer_app
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(argv)
     return code, err.getvalue()
 
 

@@ -13,7 +13,7 @@ from conftest import FIXTURES, snapshot  # noqa: E402
 from kernels import HAS_LISTENER, SOURCES, compile_all, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
-from tritonpack.cli import main  # noqa: E402
+from tritonpack.entry import main  # noqa: E402
 from tritonpack.fingerprint import local_triton  # noqa: E402
 
 HERE_VERSION = triton.__version__

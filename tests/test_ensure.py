@@ -16,8 +16,8 @@ from conftest import FIXTURES, snapshot  # noqa: E402
 from kernels import HAS_LISTENER, compile_all  # noqa: E402
 
 import tritonpack  # noqa: E402
-from tritonpack.cli import main  # noqa: E402
 from tritonpack.ensuring import environment_key  # noqa: E402
+from tritonpack.entry import main  # noqa: E402
 
 OTHER_VERSION = next((p for p in sorted((FIXTURES / "archives").glob("triton-*.tpack"))
                       if p.stem.removeprefix("triton-") != triton.__version__), None)

@@ -10,7 +10,7 @@ from conftest import snapshot
 from servers import free_port, registry
 
 import tritonpack
-from tritonpack.cli import main
+from tritonpack.entry import main
 from tritonpack.oci import ARTIFACT_TYPE, LAYER_MEDIA_TYPE, TITLE, Reference, parse_reference
 
 

@@ -16,7 +16,7 @@ triton = pytest.importorskip("triton")
 from servers import free_port, redis_server  # noqa: E402
 
 import tritonpack  # noqa: E402
-from tritonpack.cli import main  # noqa: E402
+from tritonpack.entry import main  # noqa: E402
 from tritonpack.redis_cache import DEFAULT_KEY_FORMAT, manifest_value  # noqa: E402
 
 if not hasattr(triton.runtime.cache, "RemoteCacheManager"):

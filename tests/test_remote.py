@@ -19,7 +19,7 @@ from servers import free_port, nginx
 import tritonpack
 from tritonpack.archive.format import HEADER_SIZE, TRAILER_SIZE, parse_trailer
 from tritonpack.archive.writer import BLOCK_SIZE
-from tritonpack.cli import main
+from tritonpack.entry import main
 
 FOREIGN_STUB = "cuda_utils.cpython-38-x86_64-linux-gnu.so"  # another Python's launcher: the preflight skips it
 STUB_BYTES = BLOCK_SIZE + (1 << 20)  # > the writer's block target: the stub gets a block of its own

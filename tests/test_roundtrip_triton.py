@@ -13,7 +13,7 @@ from conftest import snapshot  # noqa: E402
 from kernels import HAS_LISTENER, SOURCES, compile_all, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
-from tritonpack.cli import main  # noqa: E402
+from tritonpack.entry import main  # noqa: E402
 
 N_COMPILES = len(SOURCES) * len(targets())
 
