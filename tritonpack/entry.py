@@ -105,7 +105,7 @@ def run_quick(argv: list[str]) -> int | None:
     body = {"list": commands.list_output, "check": commands.check_output, "pack": commands.pack_output,
             "unpack": commands.unpack_output}[command]
     collecting = gc.isenabled()
-    gc.disable()  # a short-lived process that makes no cycles; a full collection over an index is 15% of a list
+    gc.disable()  # a short-lived run that makes no cycles: even with the decode's own pause, a list collected 39 times
     try:
         return commands.show(body(**params))
     except TpackError as e:
