@@ -38,10 +38,6 @@ app = typer.Typer(
 )
 
 
-def _err(line: str) -> None:
-    print_error(line)
-
-
 @contextmanager
 def _progress(enabled: bool, label: str):
     """A progress bar on a terminal for long work; nothing otherwise."""
@@ -348,18 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, prog_name="tritonpack", standalone_mode=False)
     except TpackError as e:
-        _err(f"error: {e}")
+        print_error(f"error: {e}")
         return exit_code(e)
     except ClickUsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # the help text was printed already
             return 2
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
-        _err(f"error: {e.format_message()}{hint}")
+        print_error(f"error: {e.format_message()}{hint}")
         return 2
     except ClickException as e:
-        _err(f"error: {e.format_message()}")
+        print_error(f"error: {e.format_message()}")
         return e.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        _err("error: interrupted")
+        print_error("error: interrupted")
         return 130
     return result if isinstance(result, int) else 0

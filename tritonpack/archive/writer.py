@@ -195,6 +195,10 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     def buffer_for(size: int) -> bytearray:
         return free.pop() if free and size <= block_size else bytearray(max(size, block_size))
 
+    def recycle(buffer: bytearray | None) -> None:
+        if buffer is not None and len(buffer) == block_size:  # a larger one held a single big file: let it go
+            free.append(buffer)
+
     def settle(limit: int) -> None:
         """Write finished blocks in order; return once at most ``limit`` compressions run.
 
@@ -209,16 +213,14 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
                 out.write(data)
                 blocks.append(Block(offset=offset, length=len(data), size=size))
                 offset += len(data)
-                if buffer is not None and len(buffer) == block_size:
-                    free.append(buffer)
+                recycle(buffer)
             running, waiting = [], 0
             for item in pending:
                 if not item[0].done():
                     running.append(item[0])
                     continue
                 waiting += len(item[0].result())
-                if item[2] is not None and len(item[2]) == block_size:
-                    free.append(item[2])
+                recycle(item[2])
                 item[2] = None
             if waiting > block_size:
                 wait([pending[0][0]])
@@ -267,8 +269,8 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             if len(blobs) > first_blob:  # even if all are empty files: their blobs point into this block
                 pending.append([compressors.submit(compress_block, memoryview(buffer)[:cursor], level), cursor,
                                 buffer])
-            elif len(buffer) == block_size:
-                free.append(buffer)
+            else:
+                recycle(buffer)
             settle(most_compressing)
         settle(0)
 
