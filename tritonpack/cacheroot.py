@@ -117,7 +117,7 @@ def kernel_info(metadata: dict) -> KernelInfo:
 
     arch = target.get("arch")
 
-    env = {k: str(v) for k, v in sorted(metadata.items()) if k.isupper() and _ENV_NAME.match(k)}
+    env = {k: str(metadata[k]) for k in sorted(k for k in metadata if k.isupper() and _ENV_NAME.match(k))}
     return KernelInfo(
         backend=text(target.get("backend")),
         arch=arch if isinstance(arch, str) or integer(arch) is not None else None,

@@ -1,6 +1,6 @@
 """The archive index: the msgpack document that describes everything in a ``.tpack`` file.
 
-``encode_index`` and ``decode_index`` are inverse pure functions. ``decode_index`` treats its input as hostile:
+``IndexEncoding`` and ``decode_index`` are inverse, without side effects. ``decode_index`` treats its input as hostile:
 every field is type-checked, every name and reference validated, and the first problem raises ``ArchiveError``.
 Unknown map keys are ignored (forward compatibility within format major version 1).
 """
@@ -88,32 +88,41 @@ def _entry_meta(entry: Entry) -> dict:
     return {}
 
 
-def encode_index(info: ArchiveInfo, blocks, blobs, entries, file_blobs) -> bytes:
-    """Deterministic msgpack bytes of the index (maps in insertion order, which is fixed here)."""
-    doc = {
-        "format": "tpack",
-        "version": list(info.format_version),
-        "producer": _drop_none({"tritonpack": info.tritonpack, "created": info.created}),
-        "python": None if info.python is None else _drop_none(vars(info.python)),
-        "triton": None if info.triton is None else {
-            "version": info.triton.version,
-            "key_sha256": info.triton.key_sha256,
-            "backend_hashes": dict(sorted(info.triton.backend_hashes.items())),
-        },
-        "blocks": [{"codec": b.codec, "offset": b.offset, "length": b.length, "size": b.size} for b in blocks],
-        "blobs": [[b.block, b.offset, b.size, b.sha256] for b in blobs],
-        "entries": [
-            {
-                "kind": e.kind,
-                "key": e.key,
-                "name": e.name,
-                "files": [[f.name, file_blobs[(i, j)]] for j, f in enumerate(e.files)],
-                "meta": _entry_meta(e),
-            }
-            for i, e in enumerate(entries)
-        ],
-    }
-    return msgpack.packb(doc, use_bin_type=True)
+class IndexEncoding:
+    """The index's msgpack bytes, all but its block table: a writer encodes (and checks) everything else while
+    its last blocks still compress, and adds the table, whose offsets and lengths only then exist. The bytes are
+    those of one ``msgpack.packb`` of the whole map, whose keys keep the insertion order fixed here."""
+
+    def __init__(self, info: ArchiveInfo, blobs, entries, file_blobs):
+        pack = msgpack.Packer(use_bin_type=True).pack
+        head = {
+            "format": "tpack",
+            "version": list(info.format_version),
+            "producer": _drop_none({"tritonpack": info.tritonpack, "created": info.created}),
+            "python": None if info.python is None else _drop_none(vars(info.python)),
+            "triton": None if info.triton is None else {
+                "version": info.triton.version,
+                "key_sha256": info.triton.key_sha256,
+                "backend_hashes": dict(sorted(info.triton.backend_hashes.items())),
+            },
+        }
+        self._head = b"".join([msgpack.Packer().pack_map_header(len(head) + 3),
+                               *(pack(k) + pack(v) for k, v in head.items()), pack("blocks")])
+        self._tail = pack("blobs") + pack([[b.block, b.offset, b.size, b.sha256] for b in blobs]) + \
+            pack("entries") + pack([
+                {
+                    "kind": e.kind,
+                    "key": e.key,
+                    "name": e.name,
+                    "files": [[f.name, file_blobs[(i, j)]] for j, f in enumerate(e.files)],
+                    "meta": _entry_meta(e),
+                }
+                for i, e in enumerate(entries)
+            ])
+
+    def with_blocks(self, blocks) -> bytes:
+        table = [{"codec": b.codec, "offset": b.offset, "length": b.length, "size": b.size} for b in blocks]
+        return self._head + msgpack.packb(table, use_bin_type=True) + self._tail
 
 
 # ---- decoding (hostile input) ----
@@ -378,4 +387,4 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)
 
 
-__all__ = ["Block", "BlobRef", "Index", "encode_index", "decode_index", "valid_file_name", "CODEC_ZSTD", "FILE"]
+__all__ = ["Block", "BlobRef", "Index", "IndexEncoding", "decode_index", "valid_file_name", "CODEC_ZSTD", "FILE"]

@@ -22,19 +22,22 @@ from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, St
 from .format import (
     DEFAULT_LEVEL,
     HEADER_SIZE,
-    IN_FLIGHT,
     MAX_BLOCK_SIZE,
     TRAILER_SIZE,
     Trailer,
     pack_header,
     pack_trailer,
 )
-from .index import BlobRef, Block, decode_index, encode_index
+from .index import BlobRef, Block, IndexEncoding, decode_index
 
 BLOCK_SIZE = 32 * 1024 * 1024  # a window that spans many alike files, small enough to decode in parallel
 MAX_WINDOW_LOG = 25  # 32 MiB: zstd decoders accept up to 2^27 by default
 INDEX_LEVEL = 12  # level 19 saves under 2% of the index for ten times the time
 DEFAULT_SEARCH_LOG = 3  # see compress_block
+# Block bytes a pack holds: five blocks, three of them compressing where there are cores for them. Each block
+# compressing costs its buffer and a 6 MB zstd context: peak RSS of a real pack was 179 MB with two, 215 MB
+# with three (bench/results/perf-h200host-*.json).
+HELD = 5 * BLOCK_SIZE
 
 
 class SourceFile(Protocol):
@@ -71,19 +74,30 @@ class WriteResult:
 SLOW_FIRST = ("cubin", "hsaco", "ptx", "amdgcn", "llir")
 
 
-def _layout_key(entry: SourceEntry, source: SourceFile) -> tuple:
-    """Order that puts alike bytes together: by extension (slow ones first), then target, then size.
+def _layout_order(entries: Sequence[SourceEntry]) -> list[tuple[int, int]]:
+    """``(entry, file)`` numbers in the order that puts alike bytes together: by type (slow ones first), then
+    target, then size.
 
     Files of one type and target with about the same size are mostly the same kernel template at the same
     configuration (other shapes, other constants): side by side, zstd's match finder sees them within its
     reach. On a real max-autotune cache this ordering is 14% smaller than ordering by name."""
-    name = source.name
-    ext = name.rsplit(".", 1)[-1] if "." in name else ""
-    if name.endswith(".autotune.json"):
-        ext = "autotune.json"
-    rank = SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)
-    target = entry.kernel.target if entry.kernel else ""
-    return (rank, ext, target, source.size, name, entry.key)
+    ranks: dict[str, int] = {}
+    keys = []
+    for i, entry in enumerate(entries):
+        target = entry.kernel.target if entry.kernel else ""
+        for j, source in enumerate(entry.files):
+            name = source.name
+            _, dot, ext = name.rpartition(".")
+            if name.endswith(".autotune.json"):
+                ext = "autotune.json"
+            elif not dot:
+                ext = ""
+            rank = ranks.get(ext)
+            if rank is None:
+                rank = ranks[ext] = SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)
+            keys.append((rank, ext, target, source.size, name, entry.key, i, j))
+    keys.sort()
+    return [(key[6], key[7]) for key in keys]
 
 
 def compress_block(data: bytes, level: int) -> bytes:
@@ -175,9 +189,7 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
 
 def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResult:
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
-    refs = sorted(
-        ((_layout_key(e, f), i, j) for i, e in enumerate(entries) for j, f in enumerate(e.files)),
-    )
+    refs = _layout_order(entries)
     out.write(pack_header())
     offset = HEADER_SIZE
     blocks: list[Block] = []
@@ -188,9 +200,9 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
     free: list[bytearray] = []  # block buffers to reuse: no fresh pages to fault in for every block
     bytes_in = 0
-    # Block buffers held at once: one read ahead, one being deduplicated, and those compressing: IN_FLIGHT bytes
-    # whatever the core count (on 16 cores a third compressing block took peak RSS from 213 MB to 281 MB).
-    most_compressing = max(1, min(threads, IN_FLIGHT // block_size - 2))
+    # Block buffers held at once: one read ahead, one being deduplicated, and those compressing: HELD bytes
+    # whatever the core count.
+    most_compressing = max(1, min(threads, HELD // block_size - 2))
 
     def buffer_for(size: int) -> bytearray:
         return free.pop() if free and size <= block_size else bytearray(max(size, block_size))
@@ -229,7 +241,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             else:
                 return
 
-    plan = _plan([(i, j, entries[i].files[j]) for _, i, j in refs], block_size)
+    plan = _plan([(i, j, entries[i].files[j]) for i, j in refs], block_size)
     # Separate pools: reads must not queue behind compressions, or the next block waits for its files. Reads of
     # cached files are CPU work (copy, hash): more readers than cores only contend (2 cores: 2 readers fill a
     # block in 0.037 s, 4 in 0.05 s); four keep a disk busy where there are cores for them.
@@ -247,6 +259,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
         ahead = start_reading()
         while ahead is not None:
             buffer, reads = ahead
+            view = memoryview(buffer)
             ahead = start_reading()
             cursor = 0  # dedupe: later contents move up over the duplicates, in place
             first_blob = len(blobs)
@@ -261,26 +274,32 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
                         blobs.append(BlobRef(block=len(blocks) + len(pending), offset=cursor, size=size,
                                              sha256=digest))
                         if cursor != place:
-                            buffer[cursor:cursor + size] = bytes(buffer[place:place + size])
+                            view[cursor:cursor + size] = view[place:place + size]  # a memmove
                         cursor += size
                     file_blobs[(i, j)] = blob
                     if on_file:
                         on_file(size)
             if len(blobs) > first_blob:  # even if all are empty files: their blobs point into this block
-                pending.append([compressors.submit(compress_block, memoryview(buffer)[:cursor], level), cursor,
+                pending.append([compressors.submit(compress_block, view[:cursor], level), cursor,
                                 buffer])
             else:
                 recycle(buffer)
             settle(most_compressing)
+        # The index, but for its block table, is encoded and checked while the last blocks compress.
+        model = tuple(
+            Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[(i, j)] for j in range(len(e.files))),
+                  kernel=e.kernel, autotune=e.autotune, stub=e.stub)
+            for i, e in enumerate(entries)
+        )
+        encoding = IndexEncoding(info, blobs, model, file_blobs)
+        sizes = [b.size for b in blocks] + [item[1] for item in pending]
+        stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
+        # Never write what a reader would reject. The real table differs from the stand-in only in offsets and
+        # lengths, which this function sets, in order, from the blocks it writes.
+        decode_index(encoding.with_blocks(stand_in), out.name, info.format_version)
         settle(0)
 
-    model = tuple(
-        Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[(i, j)] for j in range(len(e.files))),
-              kernel=e.kernel, autotune=e.autotune, stub=e.stub)
-        for i, e in enumerate(entries)
-    )
-    raw_index = encode_index(info, blocks, blobs, model, file_blobs)
-    decode_index(raw_index, out.name, info.format_version)  # never write what a reader would reject
+    raw_index = encoding.with_blocks(blocks)
     index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
