@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import unquote, urlsplit
 
 from .archive.format import TRAILER_SIZE
 from .archive.source import ByteSource, LocalFile
@@ -39,6 +38,8 @@ def open_source(location: str | os.PathLike) -> ByteSource:
 
 
 def file_url_path(url: str) -> str:
+    from urllib.parse import unquote, urlsplit  # only for URLs: a local path starts faster without it
+
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise UsageError("file:// URLs must name a local file (file:///path)", url)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import sysconfig
 from collections.abc import Iterable, Mapping
 
 from .model import PythonInfo, TritonInfo
@@ -28,6 +27,8 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
 
 
 def python_info() -> PythonInfo:
+    import sysconfig  # pack and unpack need it, list does not
+
     return PythonInfo(
         implementation=sys.implementation.name,
         version=f"{sys.version_info.major}.{sys.version_info.minor}",
