@@ -71,6 +71,8 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
     for which, src in srcs.items():  # untimed: each writes its archive (and the fingerprint gets cached)
         cmd, env = command(src, "pack", cache, "-o", os.path.join(work, f"{which}.tpack"), "-q")
         subprocess.run(cmd, env=env, check=True, cwd=work)
+    for src in srcs.values():  # bytecode, as pip writes at install (PYTHONDONTWRITEBYTECODE would skip it)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(src, "tritonpack")], check=True)
     samples: dict[str, dict[str, list[float]]] = {name: {"old": [], "new": []} for name in CASES}
     runs = 0
     for round_number in range(args.rounds):
