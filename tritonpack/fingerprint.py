@@ -54,7 +54,8 @@ def _installed_identity(package: str) -> str:
     for sub in ("compiler", "backends", "language", "runtime", "_C"):
         top = os.path.join(package, sub)
         for dirpath, dirnames, names in os.walk(top):
-            dirnames.sort()
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")  # bytecode, and its temp files
+            where = os.path.relpath(dirpath, package)  # once a directory: this runs before every unpack
             for name in sorted(names):
                 if name.endswith(".pyc"):
                     continue
@@ -62,7 +63,7 @@ def _installed_identity(package: str) -> str:
                     st = os.stat(os.path.join(dirpath, name))
                 except OSError:
                     continue
-                digest.update(f"{os.path.relpath(dirpath, package)}/{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+                digest.update(f"{where}/{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 
 
