@@ -159,6 +159,36 @@ def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled
     assert (tmp_path / "parallel.tpack").read_bytes() == (tmp_path / "serial.tpack").read_bytes()
 
 
+def test_the_index_is_one_msgpack_map_as_packb_writes_it(archive):
+    """The writer encodes the index but for its block table while blocks compress, and adds the table last: the
+    bytes must still be those of one msgpack.packb of the whole map, keys in the order spec §4 shows."""
+    import msgpack
+    import zstandard
+
+    from tritonpack.archive.format import TRAILER_SIZE, parse_trailer
+
+    data = archive.read_bytes()
+    trailer = parse_trailer(data[-TRAILER_SIZE:], len(data), str(archive))
+    start = trailer.index_offset
+    raw = zstandard.ZstdDecompressor().decompress(data[start:start + trailer.index_length])
+    doc = msgpack.unpackb(raw, raw=False)
+    assert list(doc)[-3:] == ["blocks", "blobs", "entries"] and doc["blocks"]
+    assert msgpack.packb(doc, use_bin_type=True) == raw
+
+
+def test_pack_refuses_an_index_a_reader_would_reject(tmp_path, compiled_root):
+    """The writer checks its index (with a stand-in block table) before the archive exists: a duplicate entry
+    fails the pack, and neither the archive nor a temp file is left."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    scan = scan_cache(str(compiled_root))
+    info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
+    with pytest.raises(tritonpack.ArchiveError, match="duplicate entry"):
+        write_archive(str(tmp_path / "k.tpack"), [*scan.entries, scan.entries[0]], info, block_size=4096)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_file_that_changes_size_during_pack_is_an_error_and_no_archive(tmp_path, compiled_root, monkeypatch):
     from tritonpack import cacheroot
 
