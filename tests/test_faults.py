@@ -86,6 +86,24 @@ def test_disk_full_mid_write_changes_nothing(tmp_path, archive, monkeypatch, cap
     assert not group_problems(root, allowed(archive)) and not temp_files(root)
 
 
+def test_a_short_write_is_finished(tmp_path, monkeypatch):
+    """A write may take less than asked (a signal, a disk nearly full): the rest follows, and the file is whole."""
+    class ShortWrites:  # os, but a write takes at most 3 bytes
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd, data):
+            return os.write(fd, bytes(data[:3]))
+
+    monkeypatch.setattr(staging, "os", ShortWrites())
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    staging._write_all(fd, memoryview(b"0123456789"))
+    assert (tmp_path / "f").read_bytes() == b"0123456789"
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+
+
 def test_free_space_is_checked_before_writing(tmp_path, archive, monkeypatch, capsys):
     root = tmp_path / "root"
     real = os.statvfs

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .cachedest import CONFLICT, RELINK, REPLACE, WRITE, Placement, Written, manifest_bytes, place, write_fd
+from .cachedest import CONFLICT, RELINK, REPLACE, WRITE, Placement, Written, manifest_bytes, place
 from .errors import CacheError
 from .model import GROUP, manifest_name
 from .report import human_bytes
@@ -76,9 +76,21 @@ def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[
                          f"{st.f_favail} available", root)
 
 
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
 def _write_all(fd: int, data: bytes | memoryview) -> None:
-    """Named here so that fault-injection tests can make exactly this step fail."""
-    write_fd(fd, data)
+    """Write all of ``data`` to the new file ``fd`` and close it. Named here so that fault-injection tests can
+    make exactly this step fail; one call a file, because writer threads take turns on the interpreter lock and
+    every bytecode a file costs more than it seems (see ``_Writer.stage_batch``)."""
+    try:
+        written = os.write(fd, data)
+        if written < len(data):  # a short write (a signal, a full disk): finish it, or get the error
+            view = memoryview(data)[written:]
+            while view:
+                view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 class _Writer:
@@ -113,26 +125,30 @@ class _Writer:
             return path
         raise OSError(errno.EEXIST, "no free temp directory name", self.root)
 
-    def stage(self, directory: str, name: str | None, data: bytes | memoryview) -> str:
-        """Write ``data`` to a new file: ``name`` in a staging directory, else a temp name in a key directory."""
+    def stage_batch(self, jobs: Sequence[tuple[str, str | None, bytes | memoryview]]) -> list[str]:
+        """Write each job's ``data`` to a new file: ``name`` in a staging directory, else a temp name in a key
+        directory. Few Python steps a file, on purpose: the writer threads take turns on the interpreter lock, and
+        on 2 cores this loop, in place of a helper call and ``os.path.join`` a file, took a 9,600-file unpack
+        from 0.94 s to 0.77 s and its CPU from 1.39 s to 1.04 s."""
+        paths = []
+        directory = ""
         try:
-            if name is not None:
-                path = os.path.join(directory, name)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-            else:
-                try:
-                    fd, path = self.lock.create(directory)
-                except FileNotFoundError:  # a failing concurrent unpack removed the empty directory: make it again
-                    os.makedirs(directory, exist_ok=True)
-                    fd, path = self.lock.create(directory)
-            self.temps.add(path)
-            _write_all(fd, data)
+            for directory, name, data in jobs:
+                if name is None:
+                    try:
+                        fd, path = self.lock.create(directory)
+                    except FileNotFoundError:  # a failing concurrent unpack removed the empty directory: again
+                        os.makedirs(directory, exist_ok=True)
+                        fd, path = self.lock.create(directory)
+                else:
+                    path = f"{directory}{os.sep}{name}"
+                    fd = os.open(path, _NEW_FILE, 0o666)
+                self.temps.add(path)
+                _write_all(fd, data)
+                paths.append(path)
         except OSError as e:  # name the directory: the temp file is gone by the time the error is shown
             raise OSError(e.errno, e.strerror, directory) from e
-        return path
-
-    def stage_batch(self, jobs: Sequence[tuple[str, str | None, bytes | memoryview]]) -> list[str]:
-        return [self.stage(directory, name, data) for directory, name, data in jobs]
+        return paths
 
     def rename_in(self, stage_dir: str, key_dir: str, paths: list[str]) -> bool:
         """Move a staged key directory into place; False if the key directory appeared meanwhile with content."""
@@ -228,17 +244,20 @@ def write_staged(
                 w.ensure_dir(key_dir)
             else:
                 stage_dirs[key] = w.stage_dir()
-        targets: dict[int, list[tuple[int, int]]] = {}
+
+        def job(n: int, name: str) -> tuple[str, str | None]:
+            """Where entry ``n`` writes ``name``: its staging directory, or a temp name in its key directory."""
+            key = placements[n].entry.key
+            return (stage_dirs[key], name) if key in stage_dirs else (os.path.join(root, key), None)
+
+        # blob -> (directory, name, entry, file) of each file it makes, worked out while the first block decodes:
+        # the loop over the blobs then does as little a file as it can (it shares the interpreter lock with the
+        # writers).
+        targets: dict[int, list[tuple[str, str | None, int, int]]] = {}
         for n in active:
             p = placements[n]
             for i in p.files:
-                targets.setdefault(p.blobs[i], []).append((n, i))
-
-        def job(n: int, name: str, data) -> tuple[str, str | None, bytes | memoryview]:
-            key = placements[n].entry.key
-            if key in stage_dirs:
-                return stage_dirs[key], name, data
-            return os.path.join(root, key), None, data
+                targets.setdefault(p.blobs[i], []).append((*job(n, p.entry.files[i].name), n, i))
 
         # Creating files is the cost of an unpack: writer threads overlap it with decoding and hashing. Files go
         # to them in batches; one task a file costs more in thread hand-offs than the write itself.
@@ -268,16 +287,17 @@ def write_staged(
 
             # Manifests first: they need no block, so the writers make them while the first block decodes.
             for n, data in manifests.items():
-                batch.append(job(n, manifest_name(placements[n].entry.name), data))
+                batch.append((*job(n, manifest_name(placements[n].entry.name)), data))
                 owners.append((n, MANIFEST, len(data)))
                 if len(batch) >= BATCH_FILES:
                     submit()
             submit()
             for blob, content in reader.iter_blobs(targets):
-                for n, i in targets[blob]:
-                    batch.append(job(n, placements[n].entry.files[i].name, content))
-                    owners.append((n, i, len(content)))
-                    batched += len(content)
+                size = len(content)
+                for directory, name, n, i in targets[blob]:
+                    batch.append((directory, name, content))
+                    owners.append((n, i, size))
+                    batched += size
                 if batched >= BATCH_BYTES or len(batch) >= BATCH_FILES:
                     submit()
             submit()
