@@ -128,8 +128,9 @@ class _Writer:
     def stage_batch(self, jobs: Sequence[tuple[str, str | None, bytes | memoryview]]) -> list[str]:
         """Write each job's ``data`` to a new file: ``name`` in a staging directory, else a temp name in a key
         directory. Few Python steps a file, on purpose: the writer threads take turns on the interpreter lock, and
-        on 2 cores this loop, in place of a helper call and ``os.path.join`` a file, took a 9,600-file unpack
-        from 0.94 s to 0.77 s and its CPU from 1.39 s to 1.04 s."""
+        on 2 cores this loop (before: a helper call, ``os.path.join`` and a write loop a file), with each blob's
+        destinations worked out ahead in ``write_staged``, took the unpack of a 9,600-file cache from 1.17 s to
+        0.99 s, and its CPU from 1.61 s to 1.34 s."""
         paths = []
         directory = ""
         try:
@@ -250,8 +251,8 @@ def write_staged(
             key = placements[n].entry.key
             return (stage_dirs[key], name) if key in stage_dirs else (os.path.join(root, key), None)
 
-        # blob -> (directory, name, entry, file) of each file it makes, worked out while the first block decodes:
-        # the loop over the blobs then does as little a file as it can (it shares the interpreter lock with the
+        # blob -> (directory, name, entry, file) of each file it makes, worked out before any block decodes: the
+        # loop over the blobs then does as little a file as it can (it shares the interpreter lock with the
         # writers).
         targets: dict[int, list[tuple[str, str | None, int, int]]] = {}
         for n in active:

@@ -163,7 +163,7 @@ def _as_tuple(types) -> tuple:
 _UNSAFE = re.compile(r"[/\\\x00]")
 # Builds a named tuple from checked values without its Python-level __new__: three times as fast, and the index
 # decode makes one per blob and per file.
-new_tuple = tuple.__new__
+_new_tuple = tuple.__new__
 
 
 def valid_file_name(name: Any) -> bool:
@@ -320,7 +320,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             raise ArchiveError(f"index: blobs[{n}] has no valid sha256", path)
         if block >= len(block_sizes) or offset + size > block_sizes[block]:
             raise ArchiveError(f"index: blobs[{n}] points outside its block", path)
-        blobs.append(new_tuple(BlobRef, raw_blob))
+        blobs.append(_new_tuple(BlobRef, raw_blob))
 
     entries: list[Entry] = []
     file_blobs: dict[tuple[int, int], int] = {}
@@ -367,7 +367,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
                 raise ArchiveError(f"index: entries[{n}].files[{j}] points to no blob", path)
             names.add(fname)
             ref = blobs[blob]
-            files.append(new_tuple(StoredFile, (fname, ref[2], ref[3])))
+            files.append(_new_tuple(StoredFile, (fname, ref[2], ref[3])))
             file_blobs[(number, j)] = blob
         if kind != GROUP and (len(files) != 1 or files[0].name != name):
             raise ArchiveError(f"index: entries[{n}] must hold exactly the file {name}", path)
