@@ -159,6 +159,46 @@ def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled
     assert (tmp_path / "parallel.tpack").read_bytes() == (tmp_path / "serial.tpack").read_bytes()
 
 
+def test_a_block_that_finishes_between_two_looks_is_still_written(tmp_path, compiled_root, monkeypatch):
+    """Every compression here has finished, but the first ``late`` looks at it say not yet: each moment a block
+    can finish between two looks of the writer. Under load one such moment once left the last block unwritten
+    (an empty block table); whatever the moment, the archive must be the usual one."""
+    from concurrent.futures import Future
+
+    from tritonpack.archive import writer
+    from tritonpack.cacheroot import scan_cache
+
+    class InlinePool:  # runs each task at once; its futures say "not yet" ``late`` times first
+        late = 0
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def submit(self, fn, *args):
+            future, looks = Future(), iter(range(self.late))
+            future.done = lambda: next(looks, None) is None and Future.done(future)
+            future.set_result(fn(*args))
+            return future
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    scan = scan_cache(str(compiled_root))
+    info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
+    for block_size in (writer.BLOCK_SIZE, 4096):
+        writer.write_archive(str(tmp_path / "usual.tpack"), scan.entries, info, block_size=block_size)
+        usual = (tmp_path / "usual.tpack").read_bytes()
+        with monkeypatch.context() as patch:
+            patch.setattr(writer, "ThreadPoolExecutor", InlinePool)
+            for late in range(6):
+                InlinePool.late = late
+                writer.write_archive(str(tmp_path / "late.tpack"), scan.entries, info, block_size=block_size)
+                assert (tmp_path / "late.tpack").read_bytes() == usual, (block_size, late)
+
+
 def test_the_index_is_one_msgpack_map_as_packb_writes_it(archive):
     """The writer encodes the index but for its block table while blocks compress, and adds the table last: the
     bytes must still be those of one msgpack.packb of the whole map, keys in the order spec §4 shows."""

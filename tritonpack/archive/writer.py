@@ -17,7 +17,7 @@ from typing import Protocol
 
 import zstandard
 
-from ..errors import CacheError, UsageError
+from ..errors import ArchiveError, CacheError, UsageError
 from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
 from .format import (
     DEFAULT_LEVEL,
@@ -212,20 +212,23 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             free.append(buffer)
 
     def settle(limit: int) -> None:
-        """Write finished blocks in order; return once at most ``limit`` compressions run.
+        """Write finished blocks in order; return once at most ``limit`` compressions run, and with ``limit`` 0
+        only once every block is written.
 
         A block that finishes before an earlier, slower one frees its buffer at once (cubin blocks take three
         times as long as llir ones), so a core never waits on the order of the file; its output waits in memory,
-        at most a block's worth of it."""
+        at most a block's worth of it. The first block is looked at again before any return: it may finish
+        between two looks (it once did, under load, and settle(0) returned with it unwritten)."""
         nonlocal offset
-        while True:
-            while pending and pending[0][0].done():
+        while pending:
+            if pending[0][0].done():
                 future, size, buffer = pending.popleft()
                 data = future.result()
                 out.write(data)
                 blocks.append(Block(offset=offset, length=len(data), size=size))
                 offset += len(data)
                 recycle(buffer)
+                continue
             running, waiting = [], 0
             for item in pending:
                 if not item[0].done():
@@ -234,7 +237,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
                 waiting += len(item[0].result())
                 recycle(item[2])
                 item[2] = None
-            if waiting > block_size:
+            if limit == 0 or waiting > block_size:
                 wait([pending[0][0]])
             elif len(running) > limit:
                 wait(running, return_when=FIRST_COMPLETED)
@@ -299,6 +302,8 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
         decode_index(encoding.with_blocks(stand_in), out.name, info.format_version)
         settle(0)
 
+    if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
+        raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)", out.name)
     raw_index = encoding.with_blocks(blocks)
     index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
     out.write(index)
