@@ -88,17 +88,23 @@ def test_disk_full_mid_write_changes_nothing(tmp_path, archive, monkeypatch, cap
 
 def test_a_short_write_is_finished(tmp_path, monkeypatch):
     """A write may take less than asked (a signal, a disk nearly full): the rest follows, and the file is whole."""
+    from tritonpack import cachedest
+
+    asked = []
+
     class ShortWrites:  # os, but a write takes at most 3 bytes
         def __getattr__(self, name):
             return getattr(os, name)
 
         @staticmethod
         def write(fd, data):
+            asked.append(len(data))
             return os.write(fd, bytes(data[:3]))
 
-    monkeypatch.setattr(staging, "os", ShortWrites())
+    monkeypatch.setattr(cachedest, "os", ShortWrites())
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     staging._write_all(fd, memoryview(b"0123456789"))
+    assert asked == [10, 7, 4, 1]
     assert (tmp_path / "f").read_bytes() == b"0123456789"
     with pytest.raises(OSError):
         os.fstat(fd)  # closed

@@ -103,11 +103,14 @@ def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> P
 
 
 def write_fd(fd: int, data: bytes | memoryview) -> None:
-    """Write all of ``data`` to ``fd`` and close it."""
+    """Write all of ``data`` to ``fd`` and close it. One write in the usual case: unpack's writer threads call
+    this for every file and take turns on the interpreter lock, so each step here is paid many times over."""
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        written = os.write(fd, data)
+        if written < len(data):  # a short write (a signal, a full disk): finish it, or get the error
+            view = memoryview(data)[written:]
+            while view:
+                view = view[os.write(fd, view):]
     finally:
         os.close(fd)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .cachedest import CONFLICT, RELINK, REPLACE, WRITE, Placement, Written, manifest_bytes, place
+from .cachedest import CONFLICT, RELINK, REPLACE, WRITE, Placement, Written, manifest_bytes, place, write_fd
 from .errors import CacheError
 from .model import GROUP, manifest_name
 from .report import human_bytes
@@ -79,18 +79,9 @@ def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    """Write all of ``data`` to the new file ``fd`` and close it. Named here so that fault-injection tests can
-    make exactly this step fail; one call a file, because writer threads take turns on the interpreter lock and
-    every bytecode a file costs more than it seems (see ``_Writer.stage_batch``)."""
-    try:
-        written = os.write(fd, data)
-        if written < len(data):  # a short write (a signal, a full disk): finish it, or get the error
-            view = memoryview(data)[written:]
-            while view:
-                view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+# Each new file's write and close, under a name of this module so that fault-injection tests can make exactly this
+# step fail; the function itself, not a wrapper: one call a file (see ``_Writer.stage_batch``).
+_write_all = write_fd
 
 
 class _Writer:
