@@ -285,11 +285,11 @@ def write_staged(
                     submit()
             submit()
             for blob, content in reader.iter_blobs(targets):
-                size = len(content)
+                length = len(content)
                 for directory, name, n, i in targets[blob]:
                     batch.append((directory, name, content))
-                    owners.append((n, i, size))
-                    batched += size
+                    owners.append((n, i, length))
+                    batched += length
                 if batched >= BATCH_BYTES or len(batch) >= BATCH_FILES:
                     submit()
             submit()

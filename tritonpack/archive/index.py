@@ -94,7 +94,8 @@ class IndexEncoding:
     those of one ``msgpack.packb`` of the whole map, whose keys keep the insertion order fixed here."""
 
     def __init__(self, info: ArchiveInfo, blobs, entries, file_blobs):
-        pack = msgpack.Packer(use_bin_type=True).pack
+        packer = msgpack.Packer(use_bin_type=True)
+        pack = packer.pack
         head = {
             "format": "tpack",
             "version": list(info.format_version),
@@ -106,7 +107,7 @@ class IndexEncoding:
                 "backend_hashes": dict(sorted(info.triton.backend_hashes.items())),
             },
         }
-        self._head = b"".join([msgpack.Packer().pack_map_header(len(head) + 3),
+        self._head = b"".join([packer.pack_map_header(len(head) + 3),
                                *(pack(k) + pack(v) for k, v in head.items()), pack("blocks")])
         self._tail = pack("blobs") + pack([[b.block, b.offset, b.size, b.sha256] for b in blobs]) + \
             pack("entries") + pack([
