@@ -197,12 +197,16 @@ def unpack(
     targets: list[str] | None = None,
     selection: Selection = EVERYTHING,
     progress: Progress | None = None,
+    processes: bool = False,
 ) -> UnpackResult:
     """Materialise an archive under a cache root (Triton's default when ``None``) so that Triton hits.
 
     The preflight runs first: only entries this environment will use are written (all with ``force``); when none
     would be used, ``IncompatibleError`` is raised and the root is left untouched. ``selection`` takes part of
     the archive (targets, kernels, binary-only); only the blocks holding what it takes are decoded.
+    ``processes``: write with forked worker processes, one a block, where the platform allows (Linux, a local
+    archive, no other Python thread), as the ``tritonpack`` command does. Off by default: inside a program of
+    your own, a fork would copy whatever locks its native threads hold.
     """
     from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
 
@@ -220,7 +224,8 @@ def unpack(
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
-        written = materialize(reader, root, placements, on_file=progress_counter(total, progress))
+        written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
+                              processes=processes)
         placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten
         actions = [p.action for p in placements]
         return UnpackResult(

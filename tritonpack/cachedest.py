@@ -42,9 +42,8 @@ class Placement:
 
 def manifest_bytes(root: str, entry: Entry) -> bytes:
     """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
-    key_dir = os.path.join(root, entry.key)
-    children = {f.name: os.path.join(key_dir, f.name) for f in entry.files}
-    return json.dumps({"child_paths": children}).encode("utf-8")
+    prefix = os.path.join(root, entry.key, "")  # what os.path.join(key_dir, name) puts before a plain name
+    return json.dumps({"child_paths": {f.name: prefix + f.name for f in entry.files}}).encode("utf-8")
 
 
 def _same_file(path: str, size: int, sha256: bytes) -> bool | None:
@@ -140,13 +139,15 @@ def materialize(
     root: str,
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
+    processes: bool = False,
 ) -> Written:
     """Write the planned files, then the manifests, staged so that a failure changes nothing visible (see
-    ``staging``). Raises ``CacheError`` on any filesystem failure, ``ArchiveError`` on a bad block."""
+    ``staging``, and there for ``processes``). Raises ``CacheError`` on any filesystem failure, ``ArchiveError``
+    on a bad block."""
     from .staging import write_staged
 
     root = os.path.abspath(root)
     try:
-        return write_staged(reader, root, placements, on_file)
+        return write_staged(reader, root, placements, on_file, processes)
     except OSError as e:
         raise CacheError(f"cannot write: {e.strerror}", e.filename or root) from e

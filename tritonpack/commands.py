@@ -108,5 +108,5 @@ def unpack_output(archive: str, cache_dir: str | None = None, overwrite: bool = 
     from . import api
 
     result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
-                        selection=selection(arch, kernel, binary_only), progress=progress)
+                        selection=selection(arch, kernel, binary_only), progress=progress, processes=True)
     return reported(result, as_json, quiet)

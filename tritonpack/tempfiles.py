@@ -107,6 +107,11 @@ class RunLock:
         self.acquire()
         return f"{PREFIX}{self.pid}.{self.token}{next(self._counter) % 0x10000:04x}"
 
+    def share_names(self, part: int, parts: int) -> None:
+        """In forked worker ``part`` of ``parts``: its own range of counters, so that workers writing into one
+        directory seldom try the same name (a clash only costs another try: names are created exclusively)."""
+        self._counter = itertools.count(part * (0x10000 // parts))
+
     def create(self, directory: str) -> tuple[int, str]:
         """Create a new temp file in ``directory`` exclusively, mode ``0666 & ~umask``; return (fd, path)."""
         for _ in range(0x10000):

@@ -96,20 +96,30 @@ class ArchiveReader:
             raise ArchiveError(f"truncated archive (block {number})", self.path)
         return _decompress(data, block.size, f"block {number}", self.path)
 
+    @property
+    def local(self) -> bool:
+        """Whether the archive is a local file: positional reads that a forked process can share."""
+        return isinstance(self._source, LocalFile)
+
+    def blocks_of(self, wanted: Iterable[int]) -> dict[int, list[int]]:
+        """The blocks that hold the ``wanted`` blobs, in archive order, each with its wanted blobs in order."""
+        by_block: dict[int, list[int]] = {}
+        for blob in sorted(set(wanted)):
+            by_block.setdefault(self._index.blobs[blob].block, []).append(blob)
+        return dict(sorted(by_block.items()))
+
     def iter_blobs(self, wanted: Iterable[int], threads: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(blob number, content)`` for each wanted blob, block by block, each verified.
 
         Worker threads read, decode and verify several blocks at once; at most ``IN_FLIGHT`` decoded bytes are
         held, whatever the archive's size or the number of cores.
         """
-        by_block: dict[int, list[int]] = {}
-        for blob in sorted(set(wanted)):
-            by_block.setdefault(self._index.blobs[blob].block, []).append(blob)
-        order = sorted(by_block)
+        by_block = self.blocks_of(wanted)
+        order = list(by_block)
         workers = min(threads or os.cpu_count() or 1, len(order))
         if workers <= 1:  # nothing to overlap: decode inline, no thread pool to start
             for number in order:
-                yield from self._decode(number, by_block[number])
+                yield from self.decode_block(number, by_block[number])
             return
         from concurrent.futures import ThreadPoolExecutor
 
@@ -121,11 +131,12 @@ class ArchiveReader:
                 while queue and (not pending or (len(pending) < workers * 2 and
                                                  sum(sizes[n] for n, _ in pending) + sizes[queue[0]] <= IN_FLIGHT)):
                     number = queue.popleft()
-                    pending.append((number, pool.submit(self._decode, number, by_block[number])))
+                    pending.append((number, pool.submit(self.decode_block, number, by_block[number])))
                 _, future = pending.popleft()
                 yield from future.result()
 
-    def _decode(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview]]:
+    def decode_block(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview]]:
+        """Read and decode block ``number``; return its ``blobs`` (all in it), each verified."""
         data = memoryview(self._read_block(number, self._index.blocks[number]))
         out = []
         for blob in blobs:

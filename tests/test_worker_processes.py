@@ -1,0 +1,298 @@
+"""Unpack's forked worker processes (``staging._stage_in_processes``): the same cache as the threads make, Triton
+hits it, and a failure in a worker or in the parent leaves the root as it was, with no worker left running."""
+from __future__ import annotations
+
+import errno
+import os
+import select
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import pytest
+from conftest import snapshot
+from invariants import group_problems, temp_files
+from kernels import HAS_LISTENER, compile_all
+
+import tritonpack
+from tritonpack import staging
+from tritonpack.errors import ArchiveError, CacheError
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+
+
+@pytest.fixture()
+def archive(tmp_path, compiled_root):
+    """The compiled cache in 4 KiB blocks: many blocks, so that several workers share them."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    tritonpack.pack(compiled_root, tmp_path / "usual.tpack")
+    with tritonpack.open(tmp_path / "usual.tpack") as reader:
+        info = reader.info
+    path = tmp_path / "small-blocks.tpack"
+    write_archive(str(path), scan_cache(str(compiled_root)).entries, info, block_size=4096)
+    with tritonpack.open(path) as reader:
+        assert len(reader.index.blocks) > 8
+    return path
+
+
+@pytest.fixture()
+def three_workers(monkeypatch):
+    """Three workers whatever the machine's cores (a 1-core CI machine would otherwise stage in threads)."""
+    forks = []
+    real_fork = os.fork
+
+    def counted_fork():
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(staging, "worker_processes", lambda reader, by_block: min(3, len(by_block)))
+    monkeypatch.setattr(os, "fork", counted_fork)
+    return forks
+
+
+def no_child_left() -> bool:
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def comparable(root) -> dict[str, str]:
+    """Files and their sha256, with the root's own path taken out of the manifests' bytes."""
+    out = {}
+    for rel, (_, _, digest) in snapshot(root).items():
+        if "__grp__" in rel:
+            digest = (root / rel).read_text().replace(str(root), "ROOT")
+        out[rel] = digest
+    return out
+
+
+def test_workers_write_what_threads_write_and_triton_hits(tmp_path, archive, three_workers):
+    """Fresh key directories (staged whole) and existing ones (temp names) alike."""
+    threads, workers = tmp_path / "threads", tmp_path / "workers"
+    tritonpack.unpack(archive, threads)
+    with tritonpack.open(archive) as reader:
+        keys = sorted({e.key for e in reader.entries})
+    for key in keys[::2]:
+        (workers / key).mkdir(parents=True)
+    result = tritonpack.unpack(archive, workers, processes=True)
+    assert len(three_workers) == 3
+    assert no_child_left()
+    assert result.files_written == sum(1 for rel in snapshot(threads) if "__grp__" not in rel)
+    assert comparable(workers) == comparable(threads)
+    assert temp_files(workers) == [] and group_problems(str(workers)) == []
+    before = snapshot(workers)
+    hits = compile_all(workers)
+    if HAS_LISTENER:
+        assert hits == [True] * len(hits)
+    assert snapshot(workers) == before, "a cache hit writes nothing"
+
+
+def test_progress_counts_every_file_once(tmp_path, archive, three_workers):
+    seen = []
+    result = tritonpack.unpack(archive, tmp_path / "root", processes=True,
+                               progress=lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1][0] == seen[-1][1] == result.bytes_written
+
+
+def _prepared_root(tmp_path, archive):
+    """A root with a key directory for every other group of the archive, emptied: their files get temp names in
+    them; the others are staged in fresh directories. Every block is needed."""
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    for n, key_dir in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
+        if n % 2:
+            shutil.rmtree(key_dir)
+        else:
+            for f in key_dir.iterdir():
+                f.unlink()
+    return root
+
+
+def test_a_corrupt_block_fails_in_its_worker_and_changes_nothing(tmp_path, archive, three_workers):
+    with tritonpack.open(archive) as reader:
+        block = reader.index.blocks[len(reader.index.blocks) // 2]
+    data = bytearray(archive.read_bytes())
+    data[block.offset + block.length // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    root = _prepared_root(tmp_path, archive.with_name("usual.tpack"))
+    before = snapshot(root)
+    with pytest.raises(ArchiveError) as failure:
+        tritonpack.unpack(archive, root, processes=True)
+    assert failure.value.path == str(archive) and "block" in failure.value.message
+    assert three_workers and no_child_left()
+    assert snapshot(root) == before and temp_files(root) == []
+
+
+@pytest.mark.parametrize("fail_at", [0, 3, 10])
+def test_a_full_disk_in_a_worker_changes_nothing(tmp_path, archive, three_workers, monkeypatch, fail_at):
+    root = _prepared_root(tmp_path, archive)
+    before = snapshot(root)
+    real, calls = staging._write_all, []
+
+    def failing(fd, data):  # each worker counts its own writes: every worker fails at its fail_at-th
+        calls.append(1)
+        if len(calls) > fail_at:
+            os.close(fd)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(staging, "_write_all", failing)
+    with pytest.raises(CacheError) as failure:
+        tritonpack.unpack(archive, root, processes=True)
+    assert "No space left" in failure.value.message
+    assert no_child_left()
+    assert snapshot(root) == before and temp_files(root) == []
+
+
+def test_a_worker_that_is_killed_is_reported_and_its_files_go(tmp_path, archive, three_workers, monkeypatch):
+    """It dies mid-block without a word: the parent names the signal, and removes the temp files it never heard
+    of, in existing key directories too."""
+    root = _prepared_root(tmp_path, archive)
+    before = snapshot(root)
+    parent, real, calls = os.getpid(), staging._write_all, []
+
+    def dying(fd, data):
+        calls.append(1)
+        real(fd, data)
+        if os.getpid() != parent and len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(staging, "_write_all", dying)
+    with pytest.raises(CacheError) as failure:
+        tritonpack.unpack(archive, root, processes=True)
+    assert "killed by signal 9" in failure.value.message
+    assert no_child_left()
+    assert snapshot(root) == before and temp_files(root) == []
+
+
+def test_an_interrupted_parent_stops_its_workers_and_changes_nothing(tmp_path, archive, three_workers,
+                                                                    monkeypatch):
+    root = _prepared_root(tmp_path, archive)
+    before = snapshot(root)
+    looks = []
+
+    def interrupted(*args):
+        looks.append(1)
+        if len(looks) == 2:
+            raise KeyboardInterrupt
+        return select.select(*args)
+
+    monkeypatch.setattr(staging, "select", type("Select", (), {"select": staticmethod(interrupted)}))
+    with pytest.raises(KeyboardInterrupt):
+        tritonpack.unpack(archive, root, processes=True)
+    assert no_child_left()
+    assert snapshot(root) == before and temp_files(root) == []
+
+
+def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatch):
+    from types import SimpleNamespace
+
+    from tritonpack.archive.format import IN_FLIGHT
+    from tritonpack.archive.source import LocalFile
+
+    cores = len(os.sched_getaffinity(0))
+    with tritonpack.open(archive) as reader:
+        by_block = reader.blocks_of(range(len(reader.index.blobs)))
+        # Other tests may leave a server thread running in this process: say how many threads there are.
+        monkeypatch.setattr(threading, "active_count", lambda: 1)
+        assert reader.local and staging.worker_processes(reader, by_block) == min(cores, len(by_block))
+        assert staging.worker_processes(reader, {}) == 0
+        monkeypatch.setattr(threading, "active_count", lambda: 2)
+        assert staging.worker_processes(reader, by_block) == 0  # a fork would copy another thread's locks
+        monkeypatch.setattr(threading, "active_count", lambda: 1)
+
+    class Wrapped:  # any source but a local file (HTTP ranges, a registry blob) keeps its connection to itself
+        def __init__(self, path):
+            self.file = LocalFile(path)
+            self.name = self.file.name
+
+        def size(self):
+            return self.file.size()
+
+        def read_at(self, offset, length):
+            return self.file.read_at(offset, length)
+
+        def close(self):
+            self.file.close()
+
+    with tritonpack.ArchiveReader(Wrapped(archive)) as remote:
+        assert not remote.local and staging.worker_processes(remote, by_block) == 0
+
+    blocks = {n: [n] for n in range(8)}
+    halves = SimpleNamespace(local=True, index=SimpleNamespace(blocks=[SimpleNamespace(size=IN_FLIGHT // 2)] * 8))
+    assert staging.worker_processes(halves, blocks) == min(cores, 2)  # two blocks of half IN_FLIGHT at once
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie no longer holds anything
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_die_with_a_killed_parent_and_the_next_unpack_cleans_up(tmp_path, archive, three_workers,
+                                                                      monkeypatch):
+    """kill -9 of the command: its workers must not live on holding the run lock, or the next unpack would have
+    to leave their files alone."""
+    root, marks = tmp_path / "root", tmp_path / "workers"
+    marks.mkdir()
+    real = staging._write_all
+
+    def slow(fd, data):
+        real(fd, data)
+        (marks / str(os.getpid())).touch()
+        time.sleep(30)  # left alone, a worker would outlive its parent by this much
+
+    monkeypatch.setattr(staging, "_write_all", slow)
+    parent = os.fork()
+    if parent == 0:
+        try:
+            tritonpack.unpack(archive, root, processes=True)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 60
+    while len(list(marks.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = [int(p.name) for p in marks.iterdir()]
+    assert len(workers) == 3
+    os.kill(parent, signal.SIGKILL)
+    os.waitpid(parent, 0)
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(_gone(pid) for pid in workers)
+    assert temp_files(root), "the killed run left staged files"
+    monkeypatch.setattr(staging, "_write_all", real)
+    tritonpack.unpack(archive, root)
+    assert temp_files(root) == [] and group_problems(str(root)) == []
+
+
+@pytest.mark.parametrize("forks", [0, 1])
+def test_a_fork_that_fails_leaves_the_work_to_those_there_are(tmp_path, archive, three_workers, monkeypatch,
+                                                              forks):
+    """A container's pids limit: with no worker, the threads stage everything; with one, it does all the items."""
+    counted, made = os.fork, []
+
+    def limited():
+        if len(made) == forks:
+            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        pid = counted()
+        if pid:
+            made.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", limited)
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root, processes=True)
+    assert len(made) == forks and no_child_left()
+    tritonpack.unpack(archive, tmp_path / "threads")
+    assert comparable(root) == comparable(tmp_path / "threads") and temp_files(root) == []
