@@ -51,9 +51,13 @@ def new_key(seed: str) -> str:
     return base64.b32encode(hashlib.sha256(seed.encode()).digest()).decode().rstrip("=")
 
 
-def build_archive(work: str, copies: int, source: str | None = None) -> str:
+def build_archive(work: str, copies: int, source: str | None = None, block_size: int = 16384) -> str:
     """Compile the test kernels (or copy ``source``, a root they were compiled into), copy each group under
-    ``copies`` keys, pack. Returns the archive path."""
+    ``copies`` keys, pack in blocks of ``block_size`` bytes (small: many blocks, so that the unpack forks its
+    worker processes as it does for a real cache of 32 MiB blocks). Returns the archive path."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
     from kernels import compile_all
 
     root = os.path.join(work, "build")
@@ -68,6 +72,9 @@ def build_archive(work: str, copies: int, source: str | None = None) -> str:
     tritonpack.relocate(root)  # the copies' manifests point into their own directories
     archive = os.path.join(work, "many.tpack")
     tritonpack.pack(root, archive)
+    with tritonpack.open(archive) as reader:
+        info = reader.info
+    write_archive(archive, scan_cache(root).entries, info, block_size=block_size)
     shutil.rmtree(root)
     return archive
 
