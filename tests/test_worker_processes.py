@@ -296,3 +296,16 @@ def test_a_fork_that_fails_leaves_the_work_to_those_there_are(tmp_path, archive,
     assert len(made) == forks and no_child_left()
     tritonpack.unpack(archive, tmp_path / "threads")
     assert comparable(root) == comparable(tmp_path / "threads") and temp_files(root) == []
+
+
+def test_the_progress_bar_starts_no_thread(monkeypatch):
+    """On a terminal the command draws a progress bar; a refresh thread there would keep unpack from forking."""
+    from tritonpack import cli
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    before = threading.active_count()
+    with cli._progress(True, "unpacking") as update:
+        assert update is not None
+        for done in range(0, 11):
+            update(done, 10)
+        assert threading.active_count() == before

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,20 @@ def manifest_bytes(root: str, entry: Entry) -> bytes:
     """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
     prefix = os.path.join(root, entry.key, "")  # what os.path.join(key_dir, name) puts before a plain name
     return json.dumps({"child_paths": {f.name: prefix + f.name for f in entry.files}}).encode("utf-8")
+
+
+_JSON_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but " and \: json.dumps writes these as they are
+
+
+def manifest_size(root: str, entry: Entry) -> int:
+    """``len(manifest_bytes(root, entry))``, counted without building it where every path is plain ASCII (the
+    usual case): the free-space check needs the sizes before the workers build the bytes."""
+    prefix = os.path.join(root, entry.key, "")
+    names = [f.name for f in entry.files]
+    if not (_JSON_PLAIN.fullmatch(prefix) and all(_JSON_PLAIN.fullmatch(name) for name in names)):
+        return len(manifest_bytes(root, entry))
+    # {"child_paths": {"<name>": "<prefix><name>", ...}}
+    return 19 + sum(2 * len(name) + len(prefix) + 6 for name in names) + 2 * max(len(names) - 1, 0)
 
 
 def _same_file(path: str, size: int, sha256: bytes) -> bool | None:

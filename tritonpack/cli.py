@@ -40,18 +40,27 @@ app = typer.Typer(
 
 @contextmanager
 def _progress(enabled: bool, label: str):
-    """A progress bar on a terminal for long work; nothing otherwise."""
+    """A progress bar on a terminal for long work; nothing otherwise. Redrawn by the updates, at most every 0.1 s,
+    not by rich's refresh thread: unpack forks its worker processes only when no other thread runs."""
     if not (enabled and sys.stderr.isatty()):
         yield None
         return
+    import time
+
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     with Progress(f"[bold]{label}", BarColumn(), DownloadColumn(), TimeRemainingColumn(), transient=True,
-                  console=None) as bar:
+                  console=None, auto_refresh=False) as bar:
         task = bar.add_task(label, total=None)
+        drawn = 0.0
 
         def update(done: int, total: int) -> None:
+            nonlocal drawn
             bar.update(task, completed=done, total=total)
+            now = time.monotonic()
+            if now - drawn >= 0.1 or done == total:
+                bar.refresh()
+                drawn = now
 
         yield update
 

@@ -130,4 +130,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    sys.exit(main())
+    """The console script. A plain command ends with ``os._exit`` once its output is flushed: the interpreter's
+    teardown frees every object of the index one by one (16 ms of a 0.23 s ``list`` on 2 cores), for a process that
+    ends anyway. The typer CLI exits normally: ``record`` runs a program in this process, whose exit hooks run."""
+    argv = sys.argv[1:]
+    code = run_quick(argv)
+    if code is None:
+        from .cli import main as typer_main
+
+        sys.exit(typer_main(argv))
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: what it would have shown is lost either way
+            pass
+    os._exit(code)

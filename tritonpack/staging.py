@@ -40,9 +40,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .archive.format import IN_FLIGHT
-from .cachedest import CONFLICT, RELINK, REPLACE, WRITE, Placement, Written, manifest_bytes, place, write_fd
+from .cachedest import (
+    CONFLICT,
+    RELINK,
+    REPLACE,
+    WRITE,
+    Placement,
+    Written,
+    manifest_bytes,
+    manifest_size,
+    place,
+    write_fd,
+)
 from .errors import CacheError
-from .model import GROUP, manifest_name
+from .model import GROUP, Entry, manifest_name
 from .report import human_bytes
 from .tempfiles import PREFIX, RunLock, clean_stale, remove_stage_dir
 
@@ -55,7 +66,7 @@ MAX_PENDING_BATCHES = 16
 MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest; a worker's item: all
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
 
-_Job = tuple[str, "str | None", int, int, bytes]  # directory, name or None (a temp name), entry, file, data
+_Manifest = tuple[str, "str | None", int, Entry]  # directory, name or None (a temp name), entry number, entry
 _Targets = dict[int, list[tuple[str, "str | None", int, int]]]  # blob -> (directory, name, entry, file) it makes
 _Record = Callable[[int, int, int, str], None]  # entry, file (or MANIFEST), size, temp path
 
@@ -75,15 +86,15 @@ def _existing_ancestor(path: str) -> str:
     return path
 
 
-def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[bytes]) -> None:
+def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[int]) -> None:
     """Refuse, before writing anything, what the target filesystem cannot hold (bytes, then inodes): the
-    placements' files and the ``manifests`` they write."""
+    placements' files and the manifests they write (their sizes)."""
     try:
         st = os.statvfs(_existing_ancestor(root))
     except (OSError, AttributeError):  # no statvfs: the writes themselves will tell
         return
     unit = st.f_frsize or st.f_bsize or 4096
-    sizes = [p.entry.files[i].size for p in placements for i in p.files] + [len(m) for m in manifests]
+    sizes = [p.entry.files[i].size for p in placements for i in p.files] + list(manifests)
     need = sum(-(-size // unit) * unit for size in sizes)
     files = len(sizes)
     keys = {p.entry.key for p in placements}
@@ -125,16 +136,12 @@ class _Writer:
         self.created_dirs.extend(reversed(missing))
 
     def stage_dir(self) -> str:
-        """A new staging directory at the root, for a key directory the root lacks."""
-        for _ in range(0x10000):
-            path = os.path.join(self.root, self.lock.temp_name())
-            try:
-                os.mkdir(path)
-            except FileExistsError:
-                continue
-            self.stage_dirs.add(path)
-            return path
-        raise OSError(errno.EEXIST, "no free temp directory name", self.root)
+        """The name of a new staging directory at the root, for a key directory the root lacks. Made by the first
+        file staged in it (``stage_batch``), in a worker where there are some: a mkdir a key is a serial cost
+        here. The name is this run's own: its token's lock file was created exclusively."""
+        path = os.path.join(self.root, self.lock.temp_name())
+        self.stage_dirs.add(path)
+        return path
 
     def stage_batch(self, jobs: Sequence[tuple[str, str | None, bytes | memoryview]]) -> list[str]:
         """Write each job's ``data`` to a new file: ``name`` in a staging directory, else a temp name in a key
@@ -154,7 +161,12 @@ class _Writer:
                         fd, path = self.lock.create(directory)
                 else:
                     path = f"{directory}{os.sep}{name}"
-                    fd = os.open(path, _NEW_FILE, 0o666)
+                    try:
+                        fd = os.open(path, _NEW_FILE, 0o666)
+                    except FileNotFoundError:  # the first file of its staging directory
+                        with contextlib.suppress(FileExistsError):  # made meanwhile by another writer of this run
+                            os.mkdir(directory)
+                        fd = os.open(path, _NEW_FILE, 0o666)
                 self.temps.add(path)
                 _write_all(fd, data)
                 paths.append(path)
@@ -238,7 +250,8 @@ def _commit(w: _Writer, root: str, p: Placement, staged: _Staged) -> tuple[Place
     return now, files, size
 
 
-def _stage_in_threads(w: _Writer, reader, manifest_jobs: list[_Job], targets: _Targets, record: _Record) -> None:
+def _stage_in_threads(w: _Writer, reader, manifest_jobs: list[_Manifest], targets: _Targets,
+                      record: _Record) -> None:
     """Creating files is the cost of an unpack: writer threads overlap it with decoding and hashing. Files go to
     them in batches; one task a file costs more in thread hand-offs than the write itself."""
     from concurrent.futures import ThreadPoolExecutor  # 9 ms of imports (logging too) that forked staging skips
@@ -263,9 +276,9 @@ def _stage_in_threads(w: _Writer, reader, manifest_jobs: list[_Job], targets: _T
                 settle(MAX_PENDING_BATCHES)
 
         # Manifests first: they need no block, so the writers make them while the first block decodes.
-        for directory, name, n, i, data in manifest_jobs:
-            batch.append((directory, name, data))
-            owners.append((n, i, len(data)))
+        for directory, name, n, entry in manifest_jobs:
+            batch.append((directory, name, manifest_bytes(w.root, entry)))
+            owners.append((n, MANIFEST, 0))
             if len(batch) >= BATCH_FILES:
                 submit()
         submit()
@@ -326,16 +339,16 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _stage_item(w: _Writer, reader, item: int, manifest_jobs: list[_Job], targets: _Targets,
+def _stage_item(w: _Writer, reader, item: int, manifest_jobs: list[_Manifest], targets: _Targets,
                 by_block: dict[int, list[int]]) -> list[tuple[int, int, int, str]]:
     """Stage one worker item: a block's files, or all the manifests. A function of its own so that nothing of the
     decoded block outlives it: a worker holds one block at a time."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
     if item == MANIFEST:
-        for directory, name, n, i, data in manifest_jobs:
-            jobs.append((directory, name, data))
-            owners.append((n, i, len(data)))
+        for directory, name, n, entry in manifest_jobs:
+            jobs.append((directory, name, manifest_bytes(w.root, entry)))
+            owners.append((n, MANIFEST, 0))
     else:
         for blob, content in reader.decode_block(item, by_block[item]):
             length = len(content)
@@ -345,7 +358,7 @@ def _stage_item(w: _Writer, reader, item: int, manifest_jobs: list[_Job], target
     return [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
 
 
-def _work(w: _Writer, reader, items: list[int], manifest_jobs: list[_Job], targets: _Targets,
+def _work(w: _Writer, reader, items: list[int], manifest_jobs: list[_Manifest], targets: _Targets,
           by_block: dict[int, list[int]], commands: int, results: int) -> int:
     """A forked worker: stage each item the parent sends (a block, or the manifests) and report the temp files
     made, until told to stop. On failure its own unreported temp files go, and the error goes to the parent."""
@@ -372,7 +385,7 @@ def _work(w: _Writer, reader, items: list[int], manifest_jobs: list[_Job], targe
         return 1
 
 
-def _stage_in_processes(w: _Writer, reader, manifest_jobs: list[_Job], targets: _Targets,
+def _stage_in_processes(w: _Writer, reader, manifest_jobs: list[_Manifest], targets: _Targets,
                         by_block: dict[int, list[int]], record: _Record, workers: int) -> bool:
     """Stage in forked worker processes, each decoding, verifying and writing whole blocks: the per-file Python
     work then runs on several cores instead of taking turns on one interpreter lock. The items (the manifests and
@@ -381,7 +394,7 @@ def _stage_in_processes(w: _Writer, reader, manifest_jobs: list[_Job], targets: 
     forked."""
     def cost(item: int) -> int:
         if item == MANIFEST:
-            return sum(len(job[-1]) + FILE_COST for job in manifest_jobs)
+            return 2 * FILE_COST * len(manifest_jobs)  # a manifest is built, then written
         return reader.index.blocks[item].size + FILE_COST * sum(len(targets[b]) for b in by_block[item])
 
     items = sorted(([MANIFEST] if manifest_jobs else []) + list(by_block), key=cost, reverse=True)
@@ -478,8 +491,8 @@ def write_staged(
     active = [n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)]
     if not active:
         return Written(0, 0, tuple(placements))
-    manifests = {n: manifest_bytes(root, placements[n].entry) for n in active if placements[n].writes_manifest}
-    check_space(root, [placements[n] for n in active], list(manifests.values()))
+    manifests = [n for n in active if placements[n].writes_manifest]
+    check_space(root, [placements[n] for n in active], [manifest_size(root, placements[n].entry) for n in manifests])
     w = _Writer(root)
     try:
         staged: dict[int, _Staged] = {n: _Staged() for n in active}
@@ -510,8 +523,8 @@ def write_staged(
             for i in p.files:
                 targets.setdefault(p.blobs[i], []).append((*job(n, p.entry.files[i].name), n, i))
 
-        manifest_jobs = [(*job(n, manifest_name(placements[n].entry.name)), n, MANIFEST, data)
-                         for n, data in manifests.items()]
+        manifest_jobs = [(*job(n, manifest_name(placements[n].entry.name)), n, placements[n].entry)
+                         for n in manifests]
 
         def record(n: int, i: int, size: int, temp: str) -> None:
             if i == MANIFEST:
