@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -146,3 +147,23 @@ def test_relocate_reports_what_it_cannot_fix(tmp_path, compiled_root):
     assert victim.exists()
     verify = tritonpack.verify(root)
     assert any(g.state == "incomplete" for g in verify.problems)
+
+
+def test_nvidia_gpus_are_found_through_nvidia_smi_on_the_path(tmp_path, monkeypatch):
+    """Without a GPU here, a stand-in nvidia-smi on PATH answers as the real one does on an H200 and an A100."""
+    from tritonpack import gpus
+
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\nprintf '9.0\\n8.0\\n9.0\\n'\n")
+    smi.chmod(0o755)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path / "empty"), str(smi.parent)]))
+    assert gpus._which("nvidia-smi") == str(smi)
+    assert sorted(gpus._nvidia()) == [("cuda", 80, 32), ("cuda", 90, 32), ("cuda", 90, 32)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert gpus._nvidia() == []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    smi.chmod(0o644)  # not executable: not a command
+    assert gpus._which("nvidia-smi") is None and gpus._nvidia() == []
