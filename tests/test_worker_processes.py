@@ -17,7 +17,7 @@ from invariants import group_problems, temp_files
 from kernels import HAS_LISTENER, compile_all
 
 import tritonpack
-from tritonpack import staging
+from tritonpack import staging, workers
 from tritonpack.errors import ArchiveError, CacheError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
@@ -51,7 +51,7 @@ def three_workers(monkeypatch):
             forks.append(pid)
         return pid
 
-    monkeypatch.setattr(staging, "worker_processes", lambda reader, by_block: min(3, len(by_block)))
+    monkeypatch.setattr(workers, "worker_count", lambda reader, by_block: min(3, len(by_block)))
     monkeypatch.setattr(os, "fork", counted_fork)
     return forks
 
@@ -76,23 +76,41 @@ def comparable(root) -> dict[str, str]:
 
 def test_workers_write_what_threads_write_and_triton_hits(tmp_path, archive, three_workers):
     """Fresh key directories (staged whole) and existing ones (temp names) alike."""
-    threads, workers = tmp_path / "threads", tmp_path / "workers"
+    threads, forked = tmp_path / "threads", tmp_path / "forked"
     tritonpack.unpack(archive, threads)
     with tritonpack.open(archive) as reader:
         keys = sorted({e.key for e in reader.entries})
     for key in keys[::2]:
-        (workers / key).mkdir(parents=True)
-    result = tritonpack.unpack(archive, workers, processes=True)
+        (forked / key).mkdir(parents=True)
+    result = tritonpack.unpack(archive, forked, processes=True)
     assert len(three_workers) == 3
     assert no_child_left()
     assert result.files_written == sum(1 for rel in snapshot(threads) if "__grp__" not in rel)
-    assert comparable(workers) == comparable(threads)
-    assert temp_files(workers) == [] and group_problems(str(workers)) == []
-    before = snapshot(workers)
-    hits = compile_all(workers)
+    assert comparable(forked) == comparable(threads)
+    assert temp_files(forked) == [] and group_problems(str(forked)) == []
+    before = snapshot(forked)
+    hits = compile_all(forked)
     if HAS_LISTENER:
         assert hits == [True] * len(hits)
-    assert snapshot(workers) == before, "a cache hit writes nothing"
+    assert snapshot(forked) == before, "a cache hit writes nothing"
+
+
+def test_blocks_decoded_ahead_but_not_needed_are_dropped(tmp_path, archive, three_workers):
+    """Workers decode their first blocks before the plan: where the root holds all but one group, most of those
+    are not needed, and only that group is written; where it holds everything, nothing is, and no worker is
+    left."""
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    complete = snapshot(root)
+    result = tritonpack.unpack(archive, root, processes=True)
+    assert result.written == 0 and result.files_written == 0 and no_child_left()
+    assert snapshot(root) == complete
+    victim = sorted(p for p in root.iterdir() if p.is_dir())[-1]
+    shutil.rmtree(victim)
+    result = tritonpack.unpack(archive, root, processes=True)
+    assert result.written == 1 and no_child_left() and len(three_workers) == 6
+    assert {rel for rel in snapshot(root)} == set(complete) and temp_files(root) == []
+    assert all(snapshot(root)[rel][2] == complete[rel][2] for rel in complete)
 
 
 def test_progress_counts_every_file_once(tmp_path, archive, three_workers):
@@ -185,7 +203,7 @@ def test_an_interrupted_parent_stops_its_workers_and_changes_nothing(tmp_path, a
             raise KeyboardInterrupt
         return select.select(*args)
 
-    monkeypatch.setattr(staging, "select", type("Select", (), {"select": staticmethod(interrupted)}))
+    monkeypatch.setattr(workers, "select", type("Select", (), {"select": staticmethod(interrupted)}))
     with pytest.raises(KeyboardInterrupt):
         tritonpack.unpack(archive, root, processes=True)
     assert no_child_left()
@@ -203,10 +221,10 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
         by_block = reader.blocks_of(range(len(reader.index.blobs)))
         # Other tests may leave a server thread running in this process: say how many threads there are.
         monkeypatch.setattr(threading, "active_count", lambda: 1)
-        assert reader.local and staging.worker_processes(reader, by_block) == min(cores, len(by_block))
-        assert staging.worker_processes(reader, {}) == 0
+        assert reader.local and workers.worker_count(reader, by_block) == min(cores, len(by_block))
+        assert workers.worker_count(reader, {}) == 0
         monkeypatch.setattr(threading, "active_count", lambda: 2)
-        assert staging.worker_processes(reader, by_block) == 0  # a fork would copy another thread's locks
+        assert workers.worker_count(reader, by_block) == 0  # a fork would copy another thread's locks
         monkeypatch.setattr(threading, "active_count", lambda: 1)
 
     class Wrapped:  # any source but a local file (HTTP ranges, a registry blob) keeps its connection to itself
@@ -224,11 +242,11 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
             self.file.close()
 
     with tritonpack.ArchiveReader(Wrapped(archive)) as remote:
-        assert not remote.local and staging.worker_processes(remote, by_block) == 0
+        assert not remote.local and workers.worker_count(remote, by_block) == 0
 
     blocks = {n: [n] for n in range(8)}
     halves = SimpleNamespace(local=True, index=SimpleNamespace(blocks=[SimpleNamespace(size=IN_FLIGHT // 2)] * 8))
-    assert staging.worker_processes(halves, blocks) == min(cores, 2)  # two blocks of half IN_FLIGHT at once
+    assert workers.worker_count(halves, blocks) == min(cores, 2)  # two blocks of half IN_FLIGHT at once
 
 
 def _gone(pid: int) -> bool:

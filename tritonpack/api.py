@@ -1,6 +1,7 @@
 """The Python API: ``pack``, ``unpack`` and ``open``. The CLI is a thin layer over these."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -209,23 +210,26 @@ def unpack(
     your own, a fork would copy whatever locks its native threads hold.
     """
     from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
+    from .workers import start as start_workers
 
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
     with ArchiveReader(open_source(archive)) as reader:
         chosen, report = preflight(reader, targets, selection, force)
         entries = tuple(v.entry for v in report.verdicts)
-        try:
-            placements = []
-            for n, e in chosen:
-                keep = selection.file_indices(e)
-                view = replace(e, files=tuple(e.files[i] for i in keep))
-                placements.append(place(root, view, tuple(reader.blob_of(n, i) for i in keep), overwrite))
-        except OSError as e:
-            raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
-        total = sum(p.entry.files[i].size for p in placements for i in p.files)
-        written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
-                              processes=processes)
+        kept = [(n, e, keep, tuple(reader.blob_of(n, i) for i in keep))
+                for n, e in chosen for keep in [selection.file_indices(e)]]
+        # Workers fork now, and decode their first blocks while this process compares the archive with the root.
+        workers = start_workers(reader, root, (b for *_, blobs in kept for b in blobs)) if processes else None
+        with workers or contextlib.nullcontext():
+            try:
+                placements = [place(root, replace(e, files=tuple(e.files[i] for i in keep)), blobs, overwrite)
+                              for n, e, keep, blobs in kept]
+            except OSError as e:
+                raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
+            total = sum(p.entry.files[i].size for p in placements for i in p.files)
+            written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
+                                  workers=workers)
         placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten
         actions = [p.action for p in placements]
         return UnpackResult(

@@ -43,8 +43,12 @@ class Placement:
 
 def manifest_bytes(root: str, entry: Entry) -> bytes:
     """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
-    prefix = os.path.join(root, entry.key, "")  # what os.path.join(key_dir, name) puts before a plain name
-    return json.dumps({"child_paths": {f.name: prefix + f.name for f in entry.files}}).encode("utf-8")
+    return manifest_json(os.path.join(root, entry.key, ""), [f.name for f in entry.files])
+
+
+def manifest_json(prefix: str, names: list[str]) -> bytes:
+    """A manifest's bytes from its files' names and the path before them (``os.path.join(key_dir, "")``)."""
+    return json.dumps({"child_paths": {name: prefix + name for name in names}}).encode("utf-8")
 
 
 _JSON_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but " and \: json.dumps writes these as they are
@@ -154,15 +158,15 @@ def materialize(
     root: str,
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
-    processes: bool = False,
+    workers=None,
 ) -> Written:
     """Write the planned files, then the manifests, staged so that a failure changes nothing visible (see
-    ``staging``, and there for ``processes``). Raises ``CacheError`` on any filesystem failure, ``ArchiveError``
-    on a bad block."""
+    ``staging``), with forked ``workers`` if given (``workers.start``). Raises ``CacheError`` on any filesystem
+    failure, ``ArchiveError`` on a bad block."""
     from .staging import write_staged
 
     root = os.path.abspath(root)
     try:
-        return write_staged(reader, root, placements, on_file, processes)
+        return write_staged(reader, root, placements, on_file, workers)
     except OSError as e:
         raise CacheError(f"cannot write: {e.strerror}", e.filename or root) from e

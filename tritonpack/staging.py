@@ -15,11 +15,8 @@
    in last. A manifest that was absent is never hidden, so a concurrent writer's complete group stays visible
    throughout.
 
-Staging runs in this process's threads, or, for the command (``processes``), in forked worker processes, one
-block at a time each: Python's per-file steps then use several cores instead of taking turns on one interpreter
-lock. Workers only stage; they report each temp file to the parent, which commits and cleans up. A worker that
-fails removes its unreported temp files and sends the error; a worker that is killed leaves the parent to sweep
-this run's temp names; an interrupted parent kills its workers and sweeps.
+Staging runs in this process's threads, or, for the command, in forked worker processes (``workers``), which
+report each temp file they make: commit and clean-up stay here.
 
 Commit needs no free space (renames only), so a full disk is met in phase 1. Before phase 1, the free space and
 inodes of the target filesystem are checked against what the plan will write.
@@ -28,18 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import marshal
 import os
-import select
-import signal
-import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .archive.format import IN_FLIGHT
 from .cachedest import (
     CONFLICT,
     RELINK,
@@ -60,11 +51,12 @@ from .tempfiles import PREFIX, RunLock, clean_stale, remove_stage_dir
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from .workers import StagingWorkers
+
 WRITERS = 4
 BATCH_FILES, BATCH_BYTES = 64, 1 << 20
 MAX_PENDING_BATCHES = 16
-MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest; a worker's item: all
-FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
+MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest
 
 _Manifest = tuple[str, "str | None", int, Entry]  # directory, name or None (a temp name), entry number, entry
 _Targets = dict[int, list[tuple[str, "str | None", int, int]]]  # blob -> (directory, name, entry, file) it makes
@@ -294,199 +286,16 @@ def _stage_in_threads(w: _Writer, reader, manifest_jobs: list[_Manifest], target
         settle(0)
 
 
-def worker_processes(reader, by_block: dict[int, list[int]]) -> int:
-    """How many processes to fork for staging (below 2: stage in this one). Forking needs Linux, a local archive
-    and no other thread in this process; one process a block, a core, and a block's share of ``IN_FLIGHT``."""
-    if not by_block or not reader.local or not sys.platform.startswith("linux") or threading.active_count() > 1:
-        return 0
-    biggest = max(reader.index.blocks[b].size for b in by_block)
-    return min(len(os.sched_getaffinity(0)), len(by_block), max(1, IN_FLIGHT // max(biggest, 1)))
-
-
-def _send(fd: int, payload: bytes) -> None:
-    view = memoryview(len(payload).to_bytes(4, "little") + payload)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _receive(fd: int) -> bytes | None:
-    """One frame from a worker, or None at the end of its pipe."""
-    head = _read_exactly(fd, 4)
-    return None if head is None else _read_exactly(fd, int.from_bytes(head, "little")) or b""
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    parts, left = [], size
-    while left:
-        part = os.read(fd, left)
-        if not part:
-            return None
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this worker when its parent dies (Linux ``PR_SET_PDEATHSIG``): a killed unpack's
-    workers must not go on holding its run lock, which keeps the next unpack from cleaning up after it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # no prctl: the worker still ends at its next word with the parent
-        pass
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
-
-
-def _stage_item(w: _Writer, reader, item: int, manifest_jobs: list[_Manifest], targets: _Targets,
-                by_block: dict[int, list[int]]) -> list[tuple[int, int, int, str]]:
-    """Stage one worker item: a block's files, or all the manifests. A function of its own so that nothing of the
-    decoded block outlives it: a worker holds one block at a time."""
-    jobs: list[tuple[str, str | None, bytes | memoryview]] = []
-    owners: list[tuple[int, int, int]] = []
-    if item == MANIFEST:
-        for directory, name, n, entry in manifest_jobs:
-            jobs.append((directory, name, manifest_bytes(w.root, entry)))
-            owners.append((n, MANIFEST, 0))
-    else:
-        for blob, content in reader.decode_block(item, by_block[item]):
-            length = len(content)
-            for directory, name, n, i in targets[blob]:
-                jobs.append((directory, name, content))
-                owners.append((n, i, length))
-    return [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
-
-
-def _work(w: _Writer, reader, items: list[int], manifest_jobs: list[_Manifest], targets: _Targets,
-          by_block: dict[int, list[int]], commands: int, results: int) -> int:
-    """A forked worker: stage each item the parent sends (a block, or the manifests) and report the temp files
-    made, until told to stop. On failure its own unreported temp files go, and the error goes to the parent."""
-    try:
-        while True:
-            order = _read_exactly(commands, 4)
-            number = -1 if order is None else int.from_bytes(order, "little", signed=True)
-            if number < 0:
-                return 0
-            staged = _stage_item(w, reader, items[number], manifest_jobs, targets, by_block)
-            _send(results, marshal.dumps((True, staged)))
-            w.temps.clear()  # the parent's now
-    except BaseException as e:
-        for temp in list(w.temps):
-            w.discard(temp)
-        import pickle
-
-        try:
-            error = pickle.dumps(e)
-        except Exception:
-            error = pickle.dumps(CacheError(f"an unpack worker failed: {e!r}", w.root))
-        with contextlib.suppress(OSError):
-            _send(results, marshal.dumps((False, error)))
-        return 1
-
-
-def _stage_in_processes(w: _Writer, reader, manifest_jobs: list[_Manifest], targets: _Targets,
-                        by_block: dict[int, list[int]], record: _Record, workers: int) -> bool:
-    """Stage in forked worker processes, each decoding, verifying and writing whole blocks: the per-file Python
-    work then runs on several cores instead of taking turns on one interpreter lock. The items (the manifests and
-    the blocks, costliest first) go out one at a time to whichever worker reports back; the parent records what
-    each staged, so the commit and every clean-up stay here. False, having done nothing, if no process could be
-    forked."""
-    def cost(item: int) -> int:
-        if item == MANIFEST:
-            return 2 * FILE_COST * len(manifest_jobs)  # a manifest is built, then written
-        return reader.index.blocks[item].size + FILE_COST * sum(len(targets[b]) for b in by_block[item])
-
-    items = sorted(([MANIFEST] if manifest_jobs else []) + list(by_block), key=cost, reverse=True)
-    queue = deque(range(len(items)))
-    parent = os.getpid()
-    w.lock.acquire()  # before the fork: the workers' temp names carry this run's token
-    children: dict[int, tuple[int, int]] = {}  # results pipe -> (pid, commands pipe)
-    error: BaseException | None = None
-    try:
-        for part in range(min(workers, len(items))):
-            commands_r, commands_w = os.pipe()
-            results_r, results_w = os.pipe()
-            first = queue.popleft()
-            os.write(commands_w, first.to_bytes(4, "little", signed=True))
-            try:
-                pid = os.fork()
-            except OSError:  # out of processes (a container's pids limit): go on with the workers there are
-                queue.appendleft(first)
-                for fd in (commands_r, commands_w, results_r, results_w):
-                    os.close(fd)
-                if not children:
-                    return False
-                break
-            if pid == 0:  # the worker: never returns into the caller
-                code = 1
-                try:
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and cleans up
-                    _die_with(parent)
-                    for fd in (commands_w, results_r, *(f for r, (_, c) in children.items() for f in (r, c))):
-                        os.close(fd)
-                    w.lock.share_names(part, workers)
-                    code = _work(w, reader, items, manifest_jobs, targets, by_block, commands_r, results_w)
-                finally:
-                    os._exit(code)
-            os.close(commands_r)
-            os.close(results_w)
-            children[results_r] = (pid, commands_w)
-        while children:
-            ready, _, _ = select.select(list(children), [], [])
-            for fd in ready:
-                pid, commands = children[fd]
-                frame = _receive(fd)
-                if frame is None:  # the worker has ended
-                    del children[fd]
-                    os.close(fd)
-                    os.close(commands)
-                    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                    if code and error is None:
-                        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                        error = CacheError(f"an unpack worker process {how}", w.root)
-                    continue
-                ok, data = marshal.loads(frame)
-                if not ok:
-                    import pickle
-
-                    error = error or pickle.loads(data)
-                    continue
-                for n, i, size, temp in data:
-                    w.temps.add(temp)
-                    record(n, i, size, temp)
-                following = queue.popleft() if queue and error is None else -1
-                with contextlib.suppress(BrokenPipeError):  # it died: the end of its results pipe tells
-                    os.write(commands, following.to_bytes(4, "little", signed=True))
-        if error is not None:
-            raise error
-        return True
-    except BaseException:
-        for pid, _ in children.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for fd, (pid, commands) in children.items():
-            os.waitpid(pid, 0)
-            os.close(fd)
-            os.close(commands)
-        # A worker that was killed, or died, may have left temp files it never reported: they carry this run's
-        # token. (Those in staging directories go with the directories.)
-        w.sweep({d for ts in targets.values() for d, name, _, _ in ts if name is None} |
-                {job[0] for job in manifest_jobs if job[1] is None})
-        raise
-
-
 def write_staged(
     reader,
     root: str,
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
-    processes: bool = False,
+    workers: StagingWorkers | None = None,
 ) -> Written:
     """Stage everything the placements need, then commit entry by entry. ``OSError`` propagates (the caller maps
-    it to ``CacheError``); whatever fails, no temp file of this run is left behind. ``processes``: stage in forked
-    worker processes where that can be done (``worker_processes``); only for a process tritonpack owns, such as
-    the command's, since a fork copies whatever locks other threads of a host program hold."""
+    it to ``CacheError``); whatever fails, no temp file of this run is left behind. ``workers``: forked worker
+    processes (``workers.start``) to stage with, instead of this process's threads."""
     clean_stale(root, sorted({p.entry.key for p in placements}))
     active = [n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)]
     if not active:
@@ -534,9 +343,9 @@ def write_staged(
             if on_file:
                 on_file(size)
 
-        by_block = reader.blocks_of(targets) if processes else {}
-        workers = worker_processes(reader, by_block) if processes else 0
-        if workers < 2 or not _stage_in_processes(w, reader, manifest_jobs, targets, by_block, record, workers):
+        if workers is not None:
+            workers.stage(w, targets, manifest_jobs, record)
+        else:
             _stage_in_threads(w, reader, manifest_jobs, targets, record)
         final = list(placements)
         files = size = 0

@@ -1,0 +1,279 @@
+"""Forked worker processes that stage an unpack (see ``staging``), for the command.
+
+Python's per-file steps then run on several cores instead of taking turns on one interpreter lock, and the first
+blocks decode while the parent plans. ``start`` forks the workers as soon as the blocks to read are known (after
+the preflight), each with a first block, which it decodes and verifies at once while the parent compares the
+archive with the root. ``StagingWorkers.stage`` then sends each worker the plan of its item (which files to write
+where, or all the manifests), and further items with their plans, costliest first, to whichever worker reports
+back. Workers write temp files only (``staging._Writer``) and report each one; the parent commits and cleans up:
+
+- a worker that fails removes its unreported temp files and sends its error; the others finish their item;
+- a worker that dies is named by its signal, and the parent sweeps this run's temp names;
+- a parent that is interrupted, or fails before staging, kills its workers (and sweeps what they may have made);
+- a killed parent takes its workers with it (``PR_SET_PDEATHSIG``), so its run lock is free for the next unpack.
+
+Forking needs Linux, a local archive and no other thread in the process: a fork copies whatever locks other
+threads hold, which is why only the command asks for workers (``api.unpack(processes=True)``).
+"""
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import select
+import signal
+import sys
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+
+from .archive.format import IN_FLIGHT
+from .cachedest import manifest_json
+from .errors import CacheError
+from .staging import MANIFEST, _Writer
+
+MANIFESTS = -1  # the item that writes every manifest (blocks are numbered from 0)
+FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
+_HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decode this block now; stage this item so; end
+
+# What a worker is told to write: for a block, [(blob, [(directory, name or None, entry, file), ...]), ...]; for
+# the manifests, [(directory, name or None, entry, path prefix, file names), ...]. A name None is a temp name.
+Plan = list
+Record = Callable[[int, int, int, str], None]  # entry, file (or staging.MANIFEST), size, temp path
+
+
+def worker_count(reader, by_block: dict[int, list[int]]) -> int:
+    """How many workers to fork (below 2: stage in threads): one a block, a core, and a block's share of
+    ``IN_FLIGHT``; none where a fork is not safe."""
+    if not by_block or not reader.local or not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return 0
+    biggest = max(reader.index.blocks[b].size for b in by_block)
+    return min(len(os.sched_getaffinity(0)), len(by_block), max(1, IN_FLIGHT // max(biggest, 1)))
+
+
+def start(reader, root: str, wanted: Iterable[int]) -> StagingWorkers | None:
+    """Fork workers for the ``wanted`` blobs (one a file to write under ``root``), or None where staging stays in
+    threads."""
+    wanted = list(wanted)
+    by_block = reader.blocks_of(wanted)
+    count = worker_count(reader, by_block)
+    if count < 2:
+        return None
+    files = Counter(reader.index.blobs[b].block for b in wanted)
+    workers = StagingWorkers(reader, root, by_block, {b: reader.index.blocks[b].size + FILE_COST * files[b]
+                                                      for b in by_block}, count)
+    return workers if workers.children else None
+
+
+def _send(fd: int, message) -> None:
+    payload = marshal.dumps(message)
+    view = memoryview(len(payload).to_bytes(4, "little") + payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _receive(fd: int):
+    """One message, or None at the end of the pipe."""
+    head = _read_exactly(fd, 4)
+    payload = None if head is None else _read_exactly(fd, int.from_bytes(head, "little"))
+    return None if payload is None else marshal.loads(payload)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    parts, left = [], size
+    while left:
+        part = os.read(fd, left)
+        if not part:
+            return None
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this worker when its parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the worker still ends at its next word with the parent
+        pass
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _stage_item(w: _Writer, reader, item: int, blobs: list | None, by_block: dict[int, list[int]],
+                plan: Plan) -> list[tuple[int, int, int, str]]:
+    """Stage one item as planned: a block's files (``blobs``: the block decoded ahead, if it was), or all the
+    manifests. A function of its own so that nothing of the block outlives it: a worker holds one at a time."""
+    jobs: list[tuple[str, str | None, bytes | memoryview]] = []
+    owners: list[tuple[int, int, int]] = []
+    if item == MANIFESTS:
+        for directory, name, n, prefix, names in plan:
+            jobs.append((directory, name, manifest_json(prefix, names)))
+            owners.append((n, MANIFEST, 0))
+    else:
+        where = dict(plan)
+        for blob, content in blobs if blobs is not None else reader.decode_block(item, by_block[item]):
+            length = len(content)
+            for directory, name, n, i in where.get(blob, ()):
+                jobs.append((directory, name, content))
+                owners.append((n, i, length))
+    return [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
+
+
+def _work(reader, items: list[int], by_block: dict[int, list[int]], root: str, part: int, parts: int,
+          commands: int, results: int) -> int:
+    """A worker: decode the block it is hinted, then stage each item as the parent plans it and report the temp
+    files made, until told to stop. On failure its own unreported temp files go, and the error to the parent."""
+    w = _Writer(root)
+    ahead: tuple[int, list] | None = None  # (item, its blobs) decoded before the plan came
+    try:
+        while True:
+            message = _receive(commands)
+            if message is None or message[0] == _STOP:
+                return 0
+            if message[0] == _HINT:
+                number = message[1]
+                ahead = (number, reader.decode_block(items[number], by_block[items[number]]))
+                continue
+            _, number, pid, token, plan = message
+            if w.lock.token is None:  # the run's temp names, under its lock (which the parent holds)
+                w.lock.pid, w.lock.token = pid, token
+                w.lock.share_names(part, parts)
+            blobs = ahead[1] if ahead is not None and ahead[0] == number else None
+            ahead = None
+            staged = _stage_item(w, reader, items[number], blobs, by_block, plan)
+            del blobs
+            _send(results, (True, staged))
+            w.temps.clear()  # the parent's now
+    except BaseException as e:
+        for temp in list(w.temps):
+            w.discard(temp)
+        import pickle
+
+        try:
+            error = pickle.dumps(e)
+        except Exception:
+            error = pickle.dumps(CacheError(f"an unpack worker failed: {e!r}", root))
+        with contextlib.suppress(OSError):
+            _send(results, (False, error))
+        return 1
+
+
+class StagingWorkers:
+    """Workers forked for one unpack; a context manager that kills whatever still runs when it ends."""
+
+    def __init__(self, reader, root: str, by_block: dict[int, list[int]], costs: dict[int, int], count: int):
+        self.by_block = by_block
+        self.costs = costs
+        # Blocks costliest first, the first ``count`` decoded at once; the manifests, planned later, after them.
+        self.items = [*sorted(by_block, key=costs.__getitem__, reverse=True), MANIFESTS]
+        self.children: dict[int, tuple[int, int, int]] = {}  # results pipe -> (pid, commands pipe, hinted item)
+        parent = os.getpid()
+        for part in range(count):
+            commands_r, commands_w = os.pipe()
+            results_r, results_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:  # out of processes (a container's pids limit): go on with the workers there are
+                for fd in (commands_r, commands_w, results_r, results_w):
+                    os.close(fd)
+                break
+            if pid == 0:  # the worker: never returns into the caller
+                code = 1
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and cleans up
+                    _die_with(parent)
+                    for fd in (commands_w, results_r, *(f for r, (_, c, _) in self.children.items() for f in (r, c))):
+                        os.close(fd)
+                    code = _work(reader, self.items, by_block, root, part, count, commands_r, results_w)
+                finally:
+                    os._exit(code)
+            os.close(commands_r)
+            os.close(results_w)
+            _send(commands_w, (_HINT, part))
+            self.children[results_r] = (pid, commands_w, part)
+
+    def stage(self, w: _Writer, targets: dict[int, list], manifests: list[tuple[str, str | None, int, object]],
+              record: Record) -> None:
+        """Stage every planned file (``targets``: blob -> where it goes) and manifest (directory, name, entry
+        number, entry) through the workers; ``record`` each temp file as it is reported. Raises the first error,
+        after the other workers have finished their item (their files recorded, for the caller to clean up)."""
+        plans: dict[int, Plan] = {}
+        for number, item in enumerate(self.items):
+            if item == MANIFESTS:
+                if manifests:
+                    plans[number] = [(directory, name, n, os.path.join(w.root, entry.key, ""),
+                                      [f.name for f in entry.files]) for directory, name, n, entry in manifests]
+                    self.costs[MANIFESTS] = 2 * FILE_COST * len(manifests)  # a manifest is built, then written
+            else:
+                plan = [(blob, targets[blob]) for blob in self.by_block[item] if blob in targets]
+                if plan:  # a block whose files are all in place already is not written
+                    plans[number] = plan
+        hinted = {child[2] for child in self.children.values()}
+        queue = deque(sorted((n for n in plans if n not in hinted), key=lambda n: self.costs[self.items[n]],
+                             reverse=True))
+        error: BaseException | None = None
+
+        def follow(commands: int, number: int | None) -> None:
+            """Send a worker its item's plan, or tell it to end."""
+            if number is None:
+                number = queue.popleft() if queue and error is None else None
+            message = (_STOP,) if number is None else (_PLAN, number, w.lock.pid, w.lock.token, plans[number])
+            with contextlib.suppress(BrokenPipeError):  # it died: the end of its results pipe tells
+                _send(commands, message)
+
+        try:
+            for pid, commands, number in self.children.values():
+                follow(commands, number if number in plans else None)
+            while self.children:
+                ready, _, _ = select.select(list(self.children), [], [])
+                for fd in ready:
+                    pid, commands, _ = self.children[fd]
+                    message = _receive(fd)
+                    if message is None:  # the worker has ended
+                        del self.children[fd]
+                        os.close(fd)
+                        os.close(commands)
+                        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                        if code and error is None:
+                            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                            error = CacheError(f"an unpack worker process {how}", w.root)
+                        continue
+                    ok, data = message
+                    if not ok:
+                        import pickle
+
+                        error = error or pickle.loads(data)
+                        continue
+                    for n, i, size, temp in data:
+                        w.temps.add(temp)
+                        record(n, i, size, temp)
+                    follow(commands, None)
+            if error is not None:
+                raise error
+        except BaseException:
+            self.close()
+            # A worker that was killed, or died, may have left temp files it never reported: they carry this
+            # run's token. (Those in staging directories go with the directories.)
+            w.sweep({d for where in targets.values() for d, name, _, _ in where if name is None} |
+                    {directory for directory, name, _, _ in manifests if name is None})
+            raise
+
+    def close(self) -> None:
+        """Kill and reap the workers still running (none after a complete ``stage``)."""
+        for pid, _, _ in self.children.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for fd, (pid, commands, _) in self.children.items():
+            os.waitpid(pid, 0)
+            os.close(fd)
+            os.close(commands)
+        self.children.clear()
+
+    def __enter__(self) -> StagingWorkers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
