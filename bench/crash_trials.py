@@ -55,10 +55,10 @@ def build_archive(work: str, copies: int, source: str | None = None, block_size:
     """Compile the test kernels (or copy ``source``, a root they were compiled into), copy each group under
     ``copies`` keys, pack in blocks of ``block_size`` bytes (small: many blocks, so that the unpack forks its
     worker processes as it does for a real cache of 32 MiB blocks). Returns the archive path."""
+    from kernels import compile_all
+
     from tritonpack.archive.writer import write_archive
     from tritonpack.cacheroot import scan_cache
-
-    from kernels import compile_all
 
     root = os.path.join(work, "build")
     if source is None:

@@ -137,7 +137,7 @@ def _racing_place(monkeypatch, act, archive):
     (a fresh root stages whole key directories): the rename must then fail and each entry be re-checked."""
     with tritonpack.open(archive) as reader:
         groups = {e.key: e for e in reader.entries if e.kind == "group"}
-    real = staging._Writer.rename_in
+    real = staging.StageWriter.rename_in
     done = []
 
     def rename_in(self, stage_dir, key_dir, paths):
@@ -147,7 +147,7 @@ def _racing_place(monkeypatch, act, archive):
             act(os.path.dirname(key_dir), entry)
         return real(self, stage_dir, key_dir, paths)
 
-    monkeypatch.setattr(staging._Writer, "rename_in", rename_in)
+    monkeypatch.setattr(staging.StageWriter, "rename_in", rename_in)
     return done
 
 
@@ -350,7 +350,7 @@ def _killed_at(step: int, archive, root, overwrite: bool, where: str) -> int:
         try:
             os.close(counter[0])
             calls = [0]
-            real = staging._Writer.move if where == "move" else staging._write_all
+            real = staging.StageWriter.move if where == "move" else staging._write_all
 
             def dying(*args):
                 if calls[0] == step:
@@ -360,7 +360,7 @@ def _killed_at(step: int, archive, root, overwrite: bool, where: str) -> int:
                 return real(*args)
 
             if where == "move":
-                staging._Writer.move = dying
+                staging.StageWriter.move = dying
             else:
                 staging._write_all = dying
             tritonpack.unpack(archive, root, overwrite=overwrite)

@@ -327,3 +327,16 @@ def test_the_progress_bar_starts_no_thread(monkeypatch):
         for done in range(0, 11):
             update(done, 10)
         assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("command", ["unpack", "ensure"])
+def test_the_commands_write_with_workers_and_the_api_only_when_asked(tmp_path, archive, three_workers, command):
+    """``unpack`` and ``ensure`` (the pod-start path) fork workers; a library call keeps threads by default."""
+    from tritonpack.entry import main
+
+    assert main([command, str(archive), "--cache-dir", str(tmp_path / "cli"), "-q"]) == 0
+    assert len(three_workers) == 3 and no_child_left()
+    api_call = tritonpack.unpack if command == "unpack" else tritonpack.ensure
+    api_call(archive, tmp_path / "api")
+    assert len(three_workers) == 3
+    assert comparable(tmp_path / "cli") == comparable(tmp_path / "api")

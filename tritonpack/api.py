@@ -224,7 +224,7 @@ def unpack(
         with workers or contextlib.nullcontext():
             try:
                 placements = [place(root, replace(e, files=tuple(e.files[i] for i in keep)), blobs, overwrite)
-                              for n, e, keep, blobs in kept]
+                              for _, e, keep, blobs in kept]
             except OSError as e:
                 raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
             total = sum(p.entry.files[i].size for p in placements for i in p.files)

@@ -272,7 +272,7 @@ def ensure(
     """
     from .ensuring import ensure as ensure_archive
 
-    _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict), as_json, quiet)
+    _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict, processes=True), as_json, quiet)
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})

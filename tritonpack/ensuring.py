@@ -193,12 +193,13 @@ def _exclusive(directory: str):
         os.close(fd)  # releases the lock
 
 
-def _unpack(archive: str, root: str, digest: str, targets: list[str] | None) -> tuple[EnsureResult, list[str]]:
+def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
+            processes: bool) -> tuple[EnsureResult, list[str]]:
     from .api import check, unpack
     from .archive.reader import ArchiveReader
 
     try:
-        result = unpack(archive, root, targets=targets)
+        result = unpack(archive, root, targets=targets, processes=processes)
     except IncompatibleError:
         report = check(archive, targets=targets)
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
@@ -230,12 +231,13 @@ def ensure(
     *,
     targets: list[str] | None = None,
     strict: bool = False,
+    processes: bool = False,
 ) -> EnsureResult:
     """Make the archive's usable entries present under the cache root (Triton's default when ``None``), once.
 
     Idempotent and near-free when already done; safe when many processes call it at once. When no entry would
     be used here, nothing is written and the result says so (``status == "unusable"``); ``strict`` raises
-    ``IncompatibleError`` instead. ``targets`` as for ``unpack``.
+    ``IncompatibleError`` instead. ``targets`` and ``processes`` as for ``unpack``.
     """
     start = time.perf_counter()
     path = os.fspath(archive)
@@ -248,7 +250,7 @@ def ensure(
         with _exclusive(stamp_dir) as waited:
             result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
             if result is None:
-                result, markers = _unpack(path, root, digest, targets)
+                result, markers = _unpack(path, root, digest, targets, processes)
                 result.waited = waited
                 _write_stamp(stamp, result, markers)
     result.seconds = time.perf_counter() - start

@@ -139,11 +139,10 @@ def run() -> None:
         from .cli import main as typer_main
 
         sys.exit(typer_main(argv))
+    import contextlib
     import os
 
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: its output is lost either way
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: what it would have shown is lost either way
-            pass
     os._exit(code)

@@ -103,11 +103,14 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
 # Each new file's write and close, under a name of this module so that fault-injection tests can make exactly this
-# step fail; the function itself, not a wrapper: one call a file (see ``_Writer.stage_batch``).
+# step fail; the function itself, not a wrapper: one call a file (see ``StageWriter.stage_batch``).
 _write_all = write_fd
 
 
-class _Writer:
+class StageWriter:
+    """The temp files and staging directories of one unpack under one root, named with its run lock, and what
+    it takes to clean them up (in this process, or in a forked worker)."""
+
     def __init__(self, root: str):
         self.root = root
         self.lock = RunLock(root)
@@ -211,7 +214,7 @@ class _Writer:
                 os.rmdir(directory)
 
 
-def _commit(w: _Writer, root: str, p: Placement, staged: _Staged) -> tuple[Placement, int, int]:
+def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[Placement, int, int]:
     """Make one staged entry visible; return its final placement, files and bytes written."""
     key_dir = os.path.join(root, p.entry.key)
     now = place(root, p.entry, p.blobs, overwrite=p.action == REPLACE)
@@ -242,7 +245,7 @@ def _commit(w: _Writer, root: str, p: Placement, staged: _Staged) -> tuple[Place
     return now, files, size
 
 
-def _stage_in_threads(w: _Writer, reader, manifest_jobs: list[_Manifest], targets: _Targets,
+def _stage_in_threads(w: StageWriter, reader, manifest_jobs: list[_Manifest], targets: _Targets,
                       record: _Record) -> None:
     """Creating files is the cost of an unpack: writer threads overlap it with decoding and hashing. Files go to
     them in batches; one task a file costs more in thread hand-offs than the write itself."""
@@ -302,7 +305,7 @@ def write_staged(
         return Written(0, 0, tuple(placements))
     manifests = [n for n in active if placements[n].writes_manifest]
     check_space(root, [placements[n] for n in active], [manifest_size(root, placements[n].entry) for n in manifests])
-    w = _Writer(root)
+    w = StageWriter(root)
     try:
         staged: dict[int, _Staged] = {n: _Staged() for n in active}
         by_key: dict[str, list[int]] = {}

@@ -5,7 +5,7 @@ blocks decode while the parent plans. ``start`` forks the workers as soon as the
 the preflight), each with a first block, which it decodes and verifies at once while the parent compares the
 archive with the root. ``StagingWorkers.stage`` then sends each worker the plan of its item (which files to write
 where, or all the manifests), and further items with their plans, costliest first, to whichever worker reports
-back. Workers write temp files only (``staging._Writer``) and report each one; the parent commits and cleans up:
+back. Workers write temp files only (``staging.StageWriter``) and report each one; the parent commits and cleans up:
 
 - a worker that fails removes its unreported temp files and sends its error; the others finish their item;
 - a worker that dies is named by its signal, and the parent sweeps this run's temp names;
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from .archive.format import IN_FLIGHT
 from .cachedest import manifest_json
 from .errors import CacheError
-from .staging import MANIFEST, _Writer
+from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # the item that writes every manifest (blocks are numbered from 0)
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
@@ -102,7 +102,7 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _stage_item(w: _Writer, reader, item: int, blobs: list | None, by_block: dict[int, list[int]],
+def _stage_item(w: StageWriter, reader, item: int, blobs: list | None, by_block: dict[int, list[int]],
                 plan: Plan) -> list[tuple[int, int, int, str]]:
     """Stage one item as planned: a block's files (``blobs``: the block decoded ahead, if it was), or all the
     manifests. A function of its own so that nothing of the block outlives it: a worker holds one at a time."""
@@ -126,7 +126,7 @@ def _work(reader, items: list[int], by_block: dict[int, list[int]], root: str, p
           commands: int, results: int) -> int:
     """A worker: decode the block it is hinted, then stage each item as the parent plans it and report the temp
     files made, until told to stop. On failure its own unreported temp files go, and the error to the parent."""
-    w = _Writer(root)
+    w = StageWriter(root)
     ahead: tuple[int, list] | None = None  # (item, its blobs) decoded before the plan came
     try:
         while True:
@@ -195,7 +195,7 @@ class StagingWorkers:
             _send(commands_w, (_HINT, part))
             self.children[results_r] = (pid, commands_w, part)
 
-    def stage(self, w: _Writer, targets: dict[int, list], manifests: list[tuple[str, str | None, int, object]],
+    def stage(self, w: StageWriter, targets: dict[int, list], manifests: list[tuple[str, str | None, int, object]],
               record: Record) -> None:
         """Stage every planned file (``targets``: blob -> where it goes) and manifest (directory, name, entry
         number, entry) through the workers; ``record`` each temp file as it is reported. Raises the first error,
@@ -225,7 +225,7 @@ class StagingWorkers:
                 _send(commands, message)
 
         try:
-            for pid, commands, number in self.children.values():
+            for _, commands, number in self.children.values():
                 follow(commands, number if number in plans else None)
             while self.children:
                 ready, _, _ = select.select(list(self.children), [], [])
