@@ -259,8 +259,8 @@ def _gone(pid: int) -> bool:
 
 def test_workers_die_with_a_killed_parent_and_the_next_unpack_cleans_up(tmp_path, archive, three_workers,
                                                                       monkeypatch):
-    """kill -9 of the command: its workers must not live on holding the run lock, or the next unpack would have
-    to leave their files alone."""
+    """kill -9 of the command: its workers must not live on, writing temp files for a dead run after the next
+    unpack has cleaned up."""
     root, marks = tmp_path / "root", tmp_path / "workers"
     marks.mkdir()
     real = staging._write_all

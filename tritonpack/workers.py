@@ -10,7 +10,7 @@ back. Workers write temp files only (``staging.StageWriter``) and report each on
 - a worker that fails removes its unreported temp files and sends its error; the others finish their item;
 - a worker that dies is named by its signal, and the parent sweeps this run's temp names;
 - a parent that is interrupted, or fails before staging, kills its workers (and sweeps what they may have made);
-- a killed parent takes its workers with it (``PR_SET_PDEATHSIG``), so its run lock is free for the next unpack.
+- a killed parent takes its workers with it (``PR_SET_PDEATHSIG``): none goes on writing for a dead run.
 
 Forking needs Linux, a local archive and no other thread in the process: a fork copies whatever locks other
 threads hold, which is why only the command asks for workers (``api.unpack(processes=True)``).
