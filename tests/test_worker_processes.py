@@ -134,6 +134,18 @@ def _prepared_root(tmp_path, archive):
     return root
 
 
+def fails_and_changes_nothing(archive, root, monkeypatch, write_all, expected: str) -> None:
+    """Unpack with workers whose every file write goes through ``write_all``: a ``CacheError`` that says
+    ``expected``, no child process left, and the root byte for byte as it was, with no temp file."""
+    before = snapshot(root)
+    monkeypatch.setattr(staging, "_write_all", write_all)
+    with pytest.raises(CacheError) as failure:
+        tritonpack.unpack(archive, root, processes=True)
+    assert expected in failure.value.message
+    assert no_child_left()
+    assert snapshot(root) == before and temp_files(root) == []
+
+
 def test_a_corrupt_block_fails_in_its_worker_and_changes_nothing(tmp_path, archive, three_workers):
     with tritonpack.open(archive) as reader:
         block = reader.index.blocks[len(reader.index.blocks) // 2]
@@ -151,8 +163,6 @@ def test_a_corrupt_block_fails_in_its_worker_and_changes_nothing(tmp_path, archi
 
 @pytest.mark.parametrize("fail_at", [0, 3, 10])
 def test_a_full_disk_in_a_worker_changes_nothing(tmp_path, archive, three_workers, monkeypatch, fail_at):
-    root = _prepared_root(tmp_path, archive)
-    before = snapshot(root)
     real, calls = staging._write_all, []
 
     def failing(fd, data):  # each worker counts its own writes: every worker fails at its fail_at-th
@@ -162,19 +172,12 @@ def test_a_full_disk_in_a_worker_changes_nothing(tmp_path, archive, three_worker
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data)
 
-    monkeypatch.setattr(staging, "_write_all", failing)
-    with pytest.raises(CacheError) as failure:
-        tritonpack.unpack(archive, root, processes=True)
-    assert "No space left" in failure.value.message
-    assert no_child_left()
-    assert snapshot(root) == before and temp_files(root) == []
+    fails_and_changes_nothing(archive, _prepared_root(tmp_path, archive), monkeypatch, failing, "No space left")
 
 
 def test_a_worker_that_is_killed_is_reported_and_its_files_go(tmp_path, archive, three_workers, monkeypatch):
     """It dies mid-block without a word: the parent names the signal, and removes the temp files it never heard
     of, in existing key directories too."""
-    root = _prepared_root(tmp_path, archive)
-    before = snapshot(root)
     parent, real, calls = os.getpid(), staging._write_all, []
 
     def dying(fd, data):
@@ -183,12 +186,7 @@ def test_a_worker_that_is_killed_is_reported_and_its_files_go(tmp_path, archive,
         if os.getpid() != parent and len(calls) == 5:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    monkeypatch.setattr(staging, "_write_all", dying)
-    with pytest.raises(CacheError) as failure:
-        tritonpack.unpack(archive, root, processes=True)
-    assert "killed by signal 9" in failure.value.message
-    assert no_child_left()
-    assert snapshot(root) == before and temp_files(root) == []
+    fails_and_changes_nothing(archive, _prepared_root(tmp_path, archive), monkeypatch, dying, "killed by signal 9")
 
 
 def test_an_interrupted_parent_stops_its_workers_and_changes_nothing(tmp_path, archive, three_workers,
