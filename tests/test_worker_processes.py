@@ -51,7 +51,7 @@ def three_workers(monkeypatch):
             forks.append(pid)
         return pid
 
-    monkeypatch.setattr(workers, "worker_count", lambda reader, by_block: min(3, len(by_block)))
+    monkeypatch.setattr(workers, "worker_count", lambda reader, blocks: min(3, len(blocks)))
     monkeypatch.setattr(os, "fork", counted_fork)
     return forks
 
@@ -216,13 +216,13 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
 
     cores = len(os.sched_getaffinity(0))
     with tritonpack.open(archive) as reader:
-        by_block = reader.blocks_of(range(len(reader.index.blobs)))
+        blocks = list(reader.index.blocks)
         # Other tests may leave a server thread running in this process: say how many threads there are.
         monkeypatch.setattr(threading, "active_count", lambda: 1)
-        assert reader.local and workers.worker_count(reader, by_block) == min(cores, len(by_block))
-        assert workers.worker_count(reader, {}) == 0
+        assert reader.local and workers.worker_count(reader, blocks) == min(cores, len(blocks))
+        assert workers.worker_count(reader, []) == 0
         monkeypatch.setattr(threading, "active_count", lambda: 2)
-        assert workers.worker_count(reader, by_block) == 0  # a fork would copy another thread's locks
+        assert workers.worker_count(reader, blocks) == 0  # a fork would copy another thread's locks
         monkeypatch.setattr(threading, "active_count", lambda: 1)
 
     class Wrapped:  # any source but a local file (HTTP ranges, a registry blob) keeps its connection to itself
@@ -240,11 +240,10 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
             self.file.close()
 
     with tritonpack.ArchiveReader(Wrapped(archive)) as remote:
-        assert not remote.local and workers.worker_count(remote, by_block) == 0
+        assert not remote.local and workers.worker_count(remote, blocks) == 0
 
-    blocks = {n: [n] for n in range(8)}
-    halves = SimpleNamespace(local=True, index=SimpleNamespace(blocks=[SimpleNamespace(size=IN_FLIGHT // 2)] * 8))
-    assert workers.worker_count(halves, blocks) == min(cores, 2)  # two blocks of half IN_FLIGHT at once
+    halves = [SimpleNamespace(size=IN_FLIGHT // 2)] * 8
+    assert workers.worker_count(SimpleNamespace(local=True), halves) == min(cores, 2)  # two at once
 
 
 def _gone(pid: int) -> bool:
@@ -338,3 +337,57 @@ def test_the_commands_write_with_workers_and_the_api_only_when_asked(tmp_path, a
     api_call(archive, tmp_path / "api")
     assert len(three_workers) == 3
     assert comparable(tmp_path / "cli") == comparable(tmp_path / "api")
+
+
+def test_workers_fork_on_the_block_table_and_die_with_a_bad_index(tmp_path, three_workers):
+    """They fork once the block table is read, before the rest of the index is checked: an index that fails
+    after it (an invalid cache key) is refused as without workers, they are gone, and nothing was written."""
+    from hostile import KEY, Crafted, group
+
+    entries = [group(KEY, "add_kernel"), group("B" * 52, "mul_kernel")]
+    good = Crafted(entries=entries, split=True).build()
+    bad = Crafted(entries=entries, split=True, doc_hook=lambda doc: doc["entries"][1].update(key="../x")).build()
+    (tmp_path / "good.tpack").write_bytes(good)
+    (tmp_path / "bad.tpack").write_bytes(bad)
+    tritonpack.unpack(tmp_path / "good.tpack", tmp_path / "good", force=True, processes=True)
+    assert len(three_workers) == 3 and no_child_left() and temp_files(tmp_path / "good") == []
+    with pytest.raises(ArchiveError) as failure:
+        tritonpack.unpack(tmp_path / "bad.tpack", tmp_path / "bad", force=True, processes=True)
+    assert "invalid cache key" in failure.value.message
+    assert len(three_workers) == 6 and no_child_left() and not (tmp_path / "bad").exists()
+
+
+def test_the_block_table_read_ahead_is_the_index_s_or_none(tmp_path, archive):
+    import msgpack
+
+    from tritonpack.archive.index import read_block_table
+
+    with tritonpack.open(archive) as reader:
+        blocks = list(reader.index.blocks)
+    doc = {"format": "tpack", "blocks": [{"offset": b.offset, "length": b.length, "size": b.size, "codec": b.codec}
+                                         for b in blocks], "entries": []}
+    assert read_block_table(msgpack.packb(doc), "x") == blocks
+    assert read_block_table(msgpack.packb({"entries": [], **doc}), "x") == blocks  # anywhere in the map
+    for broken in ([doc], {"format": "tpack"}, {"blocks": {"offset": 1}}, {"blocks": [{"offset": -1}]}):
+        assert read_block_table(msgpack.packb(broken), "x") is None
+    assert read_block_table(b"\xc1", "x") is None and read_block_table(msgpack.packb(doc)[:40], "x") is None
+
+
+def test_a_corrupt_block_that_is_not_needed_fails_nothing(tmp_path, archive, three_workers):
+    """Workers decompress the largest blocks before the plan says which are needed: a corrupt one the plan does
+    not need (its files are in place) must not fail an unpack that never reads it, as without workers."""
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    with tritonpack.open(archive) as reader:
+        victim = next(n for n, e in enumerate(reader.entries) if e.kind == "group")
+        needed = {reader.index.blobs[reader.blob_of(victim, j)].block for j in range(len(reader.entries[victim].files))}
+        blocks = reader.index.blocks
+        spare = max((n for n in range(len(blocks)) if n not in needed), key=lambda n: blocks[n].size)
+        key = reader.entries[victim].key
+    data = bytearray(archive.read_bytes())
+    data[blocks[spare].offset + blocks[spare].length // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    shutil.rmtree(root / key)
+    result = tritonpack.unpack(archive, root, processes=True)
+    assert result.written >= 1 and len(three_workers) == 3 and no_child_left()
+    assert temp_files(root) == [] and group_problems(str(root)) == []

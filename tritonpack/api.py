@@ -210,26 +210,25 @@ def unpack(
     your own, a fork would copy whatever locks its native threads hold.
     """
     from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
-    from .workers import start as start_workers
+    from .workers import Launcher
 
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
-    with ArchiveReader(open_source(archive)) as reader:
+    # Workers fork as soon as the block table is read, and decompress blocks while this process decodes the rest
+    # of the index and compares the archive with the root.
+    launcher = Launcher(root) if processes else None
+    with launcher or contextlib.nullcontext(), ArchiveReader(open_source(archive), on_blocks=launcher) as reader:
         chosen, report = preflight(reader, targets, selection, force)
         entries = tuple(v.entry for v in report.verdicts)
-        kept = [(n, e, keep, tuple(reader.blob_of(n, i) for i in keep))
-                for n, e in chosen for keep in [selection.file_indices(e)]]
-        # Workers fork now, and decode their first blocks while this process compares the archive with the root.
-        workers = start_workers(reader, root, (b for *_, blobs in kept for b in blobs)) if processes else None
-        with workers or contextlib.nullcontext():
-            try:
-                placements = [place(root, replace(e, files=tuple(e.files[i] for i in keep)), blobs, overwrite)
-                              for _, e, keep, blobs in kept]
-            except OSError as e:
-                raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
-            total = sum(p.entry.files[i].size for p in placements for i in p.files)
-            written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
-                                  workers=workers)
+        try:
+            placements = [place(root, replace(e, files=tuple(e.files[i] for i in keep)),
+                                tuple(reader.blob_of(n, i) for i in keep), overwrite)
+                          for n, e in chosen for keep in [selection.file_indices(e)]]
+        except OSError as e:
+            raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
+        total = sum(p.entry.files[i].size for p in placements for i in p.files)
+        written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
+                              workers=launcher.workers if launcher else None)
         placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten
         actions = [p.action for p in placements]
         return UnpackResult(

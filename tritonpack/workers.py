@@ -1,11 +1,13 @@
 """Forked worker processes that stage an unpack (see ``staging``), for the command.
 
 Python's per-file steps then run on several cores instead of taking turns on one interpreter lock, and the first
-blocks decode while the parent plans. ``start`` forks the workers as soon as the blocks to read are known (after
-the preflight), each with a first block, which it decodes and verifies at once while the parent compares the
-archive with the root. ``StagingWorkers.stage`` then sends each worker the plan of its item (which files to write
-where, or all the manifests), and further items with their plans, costliest first, to whichever worker reports
-back. Workers write temp files only (``staging.StageWriter``) and report each one; the parent commits and cleans up:
+blocks decode while the parent plans. ``Launcher`` forks the workers as soon as the archive's block table is read
+(``ArchiveReader(on_blocks=...)``), each with a first block (the largest first), which it decompresses at once
+while the parent decodes the rest of the index, checks it, and compares the archive with the root.
+``StagingWorkers.stage`` then sends each worker the plan of its item (each blob's place and sha256 in the block,
+and where its files go; or all the manifests), and further items with their plans, costliest first, to whichever
+worker reports back; a block decompressed ahead that the plan does not need is dropped. Workers verify every blob,
+write temp files only (``staging.StageWriter``) and report each one; the parent commits and cleans up:
 
 - a worker that fails removes its unreported temp files and sends its error; the others finish their item;
 - a worker that dies is named by its signal, and the parent sweeps this run's temp names;
@@ -18,51 +20,62 @@ threads hold, which is why only the command asks for workers (``api.unpack(proce
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import marshal
 import os
 import select
 import signal
 import sys
 import threading
-from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable
 
 from .archive.format import IN_FLIGHT
+from .archive.index import Block
 from .cachedest import manifest_json
-from .errors import CacheError
+from .errors import CacheError, IntegrityError
 from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # the item that writes every manifest (blocks are numbered from 0)
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
-_HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decode this block now; stage this item so; end
+_HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now; stage this item so; end
 
-# What a worker is told to write: for a block, [(blob, [(directory, name or None, entry, file), ...]), ...]; for
-# the manifests, [(directory, name or None, entry, path prefix, file names), ...]. A name None is a temp name.
+# What a worker is told to write: for a block, [(blob, offset, size, sha256, [(directory, name or None, entry,
+# file), ...]), ...]; for the manifests, [(directory, name or None, entry, path prefix, file names), ...]. A name
+# None is a temp name.
 Plan = list
 Record = Callable[[int, int, int, str], None]  # entry, file (or staging.MANIFEST), size, temp path
 
 
-def worker_count(reader, by_block: dict[int, list[int]]) -> int:
+def worker_count(reader, blocks: list[Block]) -> int:
     """How many workers to fork (below 2: stage in threads): one a block, a core, and a block's share of
     ``IN_FLIGHT``; none where a fork is not safe."""
-    if not by_block or not reader.local or not sys.platform.startswith("linux") or threading.active_count() > 1:
+    if not blocks or not reader.local or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return 0
-    biggest = max(reader.index.blocks[b].size for b in by_block)
-    return min(len(os.sched_getaffinity(0)), len(by_block), max(1, IN_FLIGHT // max(biggest, 1)))
+    biggest = max(block.size for block in blocks)
+    return min(len(os.sched_getaffinity(0)), len(blocks), max(1, IN_FLIGHT // max(biggest, 1)))
 
 
-def start(reader, root: str, wanted: Iterable[int]) -> StagingWorkers | None:
-    """Fork workers for the ``wanted`` blobs (one a file to write under ``root``), or None where staging stays in
-    threads."""
-    wanted = list(wanted)
-    by_block = reader.blocks_of(wanted)
-    count = worker_count(reader, by_block)
-    if count < 2:
-        return None
-    files = Counter(reader.index.blobs[b].block for b in wanted)
-    workers = StagingWorkers(reader, root, by_block, {b: reader.index.blocks[b].size + FILE_COST * files[b]
-                                                      for b in by_block}, count)
-    return workers if workers.children else None
+class Launcher:
+    """``ArchiveReader``'s ``on_blocks`` for an unpack into ``root``: forks the workers there, if any; a context
+    manager that kills whatever still runs when it ends (a bad index, nothing to write, an error)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.workers: StagingWorkers | None = None
+
+    def __call__(self, reader, blocks: list[Block]) -> None:
+        count = worker_count(reader, blocks)
+        if count >= 2:
+            workers = StagingWorkers(reader, self.root, blocks, count)
+            self.workers = workers if workers.children else None
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.workers is not None:
+            self.workers.close()
 
 
 def _send(fd: int, message) -> None:
@@ -102,32 +115,36 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _stage_item(w: StageWriter, reader, item: int, blobs: list | None, by_block: dict[int, list[int]],
+def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: bytes | None,
                 plan: Plan) -> list[tuple[int, int, int, str]]:
-    """Stage one item as planned: a block's files (``blobs``: the block decoded ahead, if it was), or all the
-    manifests. A function of its own so that nothing of the block outlives it: a worker holds one at a time."""
+    """Stage one item as planned: the files of block ``number`` (``data``: the block decompressed ahead, if it
+    was), each blob verified first; or, with no block, all the manifests. A function of its own so that nothing
+    of the block outlives it: a worker holds one at a time."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
-    if item == MANIFESTS:
+    if block is None:
         for directory, name, n, prefix, names in plan:
             jobs.append((directory, name, manifest_json(prefix, names)))
             owners.append((n, MANIFEST, 0))
     else:
-        where = dict(plan)
-        for blob, content in blobs if blobs is not None else reader.decode_block(item, by_block[item]):
-            length = len(content)
-            for directory, name, n, i in where.get(blob, ()):
+        view = memoryview(data if data is not None else reader.read_block(number, block))
+        for blob, offset, size, digest, where in plan:
+            content = view[offset:offset + size]
+            if len(content) != size or hashlib.sha256(content).digest() != digest:
+                raise IntegrityError(f"sha256 mismatch in blob {blob} (block {number})", reader.path)
+            for directory, name, n, i in where:
                 jobs.append((directory, name, content))
-                owners.append((n, i, length))
+                owners.append((n, i, size))
     return [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
 
 
-def _work(reader, items: list[int], by_block: dict[int, list[int]], root: str, part: int, parts: int,
-          commands: int, results: int) -> int:
-    """A worker: decode the block it is hinted, then stage each item as the parent plans it and report the temp
-    files made, until told to stop. On failure its own unreported temp files go, and the error to the parent."""
+def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, parts: int, commands: int,
+          results: int) -> int:
+    """A worker: decompress the block it is hinted, then stage each item as the parent plans it and report the
+    temp files made, until told to stop. On failure its own unreported temp files go, and the error to the
+    parent."""
     w = StageWriter(root)
-    ahead: tuple[int, list] | None = None  # (item, its blobs) decoded before the plan came
+    ahead: tuple[int, bytes] | None = None  # (item, its block) decompressed before the plan came
     try:
         while True:
             message = _receive(commands)
@@ -135,16 +152,20 @@ def _work(reader, items: list[int], by_block: dict[int, list[int]], root: str, p
                 return 0
             if message[0] == _HINT:
                 number = message[1]
-                ahead = (number, reader.decode_block(items[number], by_block[items[number]]))
+                try:
+                    ahead = (number, reader.read_block(items[number], blocks[items[number]]))
+                except Exception:  # not fatal yet: the plan may not need this block, and if it does, it fails then
+                    ahead = None
                 continue
             _, number, pid, token, plan = message
             if w.lock.token is None:  # the run's temp names, under its lock (which the parent holds)
                 w.lock.pid, w.lock.token = pid, token
                 w.lock.share_names(part, parts)
-            blobs = ahead[1] if ahead is not None and ahead[0] == number else None
+            data = ahead[1] if ahead is not None and ahead[0] == number else None
             ahead = None
-            staged = _stage_item(w, reader, items[number], blobs, by_block, plan)
-            del blobs
+            item = items[number]
+            staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan)
+            del data
             _send(results, (True, staged))
             w.temps.clear()  # the parent's now
     except BaseException as e:
@@ -164,11 +185,11 @@ def _work(reader, items: list[int], by_block: dict[int, list[int]], root: str, p
 class StagingWorkers:
     """Workers forked for one unpack; a context manager that kills whatever still runs when it ends."""
 
-    def __init__(self, reader, root: str, by_block: dict[int, list[int]], costs: dict[int, int], count: int):
-        self.by_block = by_block
-        self.costs = costs
-        # Blocks costliest first, the first ``count`` decoded at once; the manifests, planned later, after them.
-        self.items = [*sorted(by_block, key=costs.__getitem__, reverse=True), MANIFESTS]
+    def __init__(self, reader, root: str, blocks: list[Block], count: int):
+        self.reader = reader
+        self.blocks = blocks
+        # Blocks largest first, the first ``count`` decompressed at once; the manifests, planned later, after them.
+        self.items = [*sorted(range(len(blocks)), key=lambda n: blocks[n].size, reverse=True), MANIFESTS]
         self.children: dict[int, tuple[int, int, int]] = {}  # results pipe -> (pid, commands pipe, hinted item)
         parent = os.getpid()
         for part in range(count):
@@ -187,7 +208,7 @@ class StagingWorkers:
                     _die_with(parent)
                     for fd in (commands_w, results_r, *(f for r, (_, c, _) in self.children.items() for f in (r, c))):
                         os.close(fd)
-                    code = _work(reader, self.items, by_block, root, part, count, commands_r, results_w)
+                    code = _work(reader, self.items, blocks, root, part, count, commands_r, results_w)
                 finally:
                     os._exit(code)
             os.close(commands_r)
@@ -201,19 +222,21 @@ class StagingWorkers:
         number, entry) through the workers; ``record`` each temp file as it is reported. Raises the first error,
         after the other workers have finished their item (their files recorded, for the caller to clean up)."""
         plans: dict[int, Plan] = {}
+        costs: dict[int, int] = {}
+        by_block = self.reader.blocks_of(targets)
+        refs = self.reader.index.blobs
         for number, item in enumerate(self.items):
             if item == MANIFESTS:
                 if manifests:
                     plans[number] = [(directory, name, n, os.path.join(w.root, entry.key, ""),
                                       [f.name for f in entry.files]) for directory, name, n, entry in manifests]
-                    self.costs[MANIFESTS] = 2 * FILE_COST * len(manifests)  # a manifest is built, then written
-            else:
-                plan = [(blob, targets[blob]) for blob in self.by_block[item] if blob in targets]
-                if plan:  # a block whose files are all in place already is not written
-                    plans[number] = plan
+                    costs[number] = 2 * FILE_COST * len(manifests)  # a manifest is built, then written
+            elif item in by_block:  # a block with nothing to write (all in place, or not taken) is dropped
+                plans[number] = [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, targets[blob])
+                                 for blob in by_block[item]]
+                costs[number] = self.blocks[item].size + FILE_COST * sum(len(where) for *_, where in plans[number])
         hinted = {child[2] for child in self.children.values()}
-        queue = deque(sorted((n for n in plans if n not in hinted), key=lambda n: self.costs[self.items[n]],
-                             reverse=True))
+        queue = deque(sorted((n for n in plans if n not in hinted), key=costs.__getitem__, reverse=True))
         error: BaseException | None = None
 
         def follow(commands: int, number: int | None) -> None:

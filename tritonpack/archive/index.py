@@ -276,6 +276,40 @@ def _decode_meta(kind: str, meta: _Fields) -> dict:
         platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False))}
 
 
+def decode_blocks(raw_blocks: list, path: str) -> list[Block]:
+    """The index's block table, checked: each block's fields, and blocks in order without overlap."""
+    blocks: list[Block] = []
+    end = None
+    for n, raw_block in enumerate(raw_blocks):
+        b = _Fields(raw_block, f"blocks[{n}]", path)
+        block = Block(offset=b.uint("offset"), length=b.uint("length"), size=b.uint("size", limit=MAX_BLOCK_SIZE + 1),
+                      codec=b.get("codec", str))
+        if end is not None and block.offset < end:
+            raise ArchiveError(f"index: blocks[{n}] overlaps the previous block", path)
+        end = block.offset + block.length
+        blocks.append(block)
+    return blocks
+
+
+def read_block_table(raw: bytes, path: str) -> list[Block] | None:
+    """The block table alone, read ahead of the rest of the index, which tritonpack writes after it; skipped
+    values are not built. None where the index is not a map holding one well-formed block table: then
+    ``decode_index`` names the problem."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(raw), 1),
+                                    max_array_len=len(raw), max_map_len=len(raw), max_bin_len=len(raw),
+                                    max_str_len=len(raw), max_ext_len=len(raw))
+        unpacker.feed(raw)
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "blocks":
+                table = unpacker.unpack()
+                return decode_blocks(table, path) if type(table) is list else None
+            unpacker.skip()
+    except Exception:  # ArchiveError, and the several unrelated types msgpack raises on bad input
+        return None
+    return None
+
+
 def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     """Decode and check an index. The cyclic collector is paused meanwhile: a large index makes tens of thousands
     of objects, none of them in a cycle, and a full collection over them was 15% of a `list`."""
@@ -306,16 +340,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
                            f"{version[0]}.x", path)
     info = _decode_info(doc, version, path)
 
-    blocks: list[Block] = []
-    end = None
-    for n, raw_block in enumerate(doc.get("blocks", list)):
-        b = _Fields(raw_block, f"blocks[{n}]", path)
-        block = Block(offset=b.uint("offset"), length=b.uint("length"), size=b.uint("size", limit=MAX_BLOCK_SIZE + 1),
-                      codec=b.get("codec", str))
-        if end is not None and block.offset < end:
-            raise ArchiveError(f"index: blocks[{n}] overlaps the previous block", path)
-        end = block.offset + block.length
-        blocks.append(block)
+    blocks = decode_blocks(doc.get("blocks", list), path)
 
     blobs: list[BlobRef] = []
     block_sizes = [b.size for b in blocks]
@@ -405,4 +430,5 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
     return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)
 
 
-__all__ = ["Block", "BlobRef", "Index", "IndexEncoding", "decode_index", "valid_file_name", "CODEC_ZSTD", "FILE"]
+__all__ = ["Block", "BlobRef", "Index", "IndexEncoding", "decode_index", "decode_blocks", "read_block_table",
+           "valid_file_name", "CODEC_ZSTD", "FILE"]

@@ -45,17 +45,23 @@ def check_ratio(size: int, length: int, what: str, path: str) -> None:
 
 def check_expansion(index, path: str) -> None:
     """Refuse an archive whose blocks or entries expand beyond the guards (see the module docstring)."""
+    check_block_expansion(index.blocks, path)
+    limit = max_unpack_bytes()
+    files = sum(f.size for e in index.entries for f in e.files)
+    if files > limit:
+        raise ArchiveError(f"entries expand to {files} bytes, more than the limit of {limit} "
+                           f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
+
+
+def check_block_expansion(blocks, path: str) -> None:
+    """Refuse blocks that expand beyond the guards: each block's ratio, and all of them together."""
     limit = max_unpack_bytes()
     total = 0
-    for n, block in enumerate(index.blocks):
+    for n, block in enumerate(blocks):
         check_ratio(block.size, block.length, f"block {n}", path)
         total += block.size
     if total > limit:
         raise ArchiveError(f"blocks expand to {total} bytes, more than the limit of {limit} "
-                           f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
-    files = sum(f.size for e in index.entries for f in e.files)
-    if files > limit:
-        raise ArchiveError(f"entries expand to {files} bytes, more than the limit of {limit} "
                            f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
 
 

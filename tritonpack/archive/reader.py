@@ -8,15 +8,15 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import zstandard
 
 from ..errors import ArchiveError, IntegrityError
 from ..model import ArchiveInfo, Entry
 from .format import HEADER_SIZE, IN_FLIGHT, TRAILER_SIZE, parse_header, parse_trailer
-from .index import CODEC_ZSTD, Block, Index, decode_index
-from .limits import check_expansion, check_ratio
+from .index import CODEC_ZSTD, Block, Index, decode_index, read_block_table
+from .limits import check_block_expansion, check_expansion, check_ratio
 from .source import ByteSource, LocalFile
 
 
@@ -41,10 +41,15 @@ def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
 class ArchiveReader:
     """An open ``.tpack`` archive. Use as a context manager, or call ``close()``."""
 
-    def __init__(self, source: str | os.PathLike | ByteSource):
-        """``source``: a path, or any ``ByteSource`` (size and positional reads)."""
+    def __init__(self, source: str | os.PathLike | ByteSource,
+                 on_blocks: Callable[[ArchiveReader, list[Block]], None] | None = None):
+        """``source``: a path, or any ``ByteSource`` (size and positional reads). ``on_blocks``: called with the
+        checked block table as soon as it is read, before the rest of the index is decoded and checked (unpack
+        forks its workers there, to decode blocks meanwhile); not called where the table cannot be read ahead.
+        Until the constructor returns, only ``read_block`` and ``local`` may be used."""
         self._source = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
         self.path = self._source.name
+        self._on_blocks = on_blocks
         try:
             self._index = self._read_index()
         except BaseException:
@@ -63,13 +68,26 @@ class ArchiveReader:
         if hashlib.sha256(compressed).digest() != trailer.index_sha256:
             raise IntegrityError("index digest mismatch (archive corrupt or truncated)", self.path)
         raw = _decompress(compressed, trailer.index_size, "index", self.path)
+        if self._on_blocks is not None:
+            blocks = read_block_table(raw, self.path)
+            try:
+                if blocks is not None:
+                    self._check_region(blocks, trailer.index_offset)
+                    check_block_expansion(blocks, self.path)
+            except ArchiveError:  # the decode below says so
+                blocks = None
+            if blocks is not None:
+                self._on_blocks(self, blocks)
         index = decode_index(raw, self.path, version)
-        for n, block in enumerate(index.blocks):
-            if block.offset < HEADER_SIZE or block.offset + block.length > trailer.index_offset:
-                raise ArchiveError(f"index: blocks[{n}] lies outside the data region", self.path)
+        self._check_region(index.blocks, trailer.index_offset)
         check_expansion(index, self.path)
         self.digest = hashlib.sha256(compressed).hexdigest()
         return index
+
+    def _check_region(self, blocks: list[Block], index_offset: int) -> None:
+        for n, block in enumerate(blocks):
+            if block.offset < HEADER_SIZE or block.offset + block.length > index_offset:
+                raise ArchiveError(f"index: blocks[{n}] lies outside the data region", self.path)
 
     # -- the index --
     @property
@@ -88,7 +106,8 @@ class ArchiveReader:
         return self._index.file_blobs[(entry_number, file_number)]
 
     # -- the data --
-    def _read_block(self, number: int, block: Block) -> bytes:
+    def read_block(self, number: int, block: Block) -> bytes:
+        """Block ``number`` (as ``block`` describes it), read and decompressed; its blobs are not verified."""
         if block.codec != CODEC_ZSTD:
             raise ArchiveError(f"block {number} uses unknown codec {block.codec!r}", self.path)
         data = self._source.read_at(block.offset, block.length)
@@ -137,7 +156,7 @@ class ArchiveReader:
 
     def decode_block(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview]]:
         """Read and decode block ``number``; return its ``blobs`` (all in it), each verified."""
-        data = memoryview(self._read_block(number, self._index.blocks[number]))
+        data = memoryview(self.read_block(number, self._index.blocks[number]))
         out = []
         for blob in blobs:
             ref = self._index.blobs[blob]
