@@ -193,14 +193,16 @@ class StagingWorkers:
         self.children: dict[int, tuple[int, int, int]] = {}  # results pipe -> (pid, commands pipe, hinted item)
         parent = os.getpid()
         for part in range(count):
-            commands_r, commands_w = os.pipe()
-            results_r, results_w = os.pipe()
+            pipes: list[int] = []
             try:
+                pipes.extend(os.pipe())
+                pipes.extend(os.pipe())
                 pid = os.fork()
-            except OSError:  # out of processes (a container's pids limit): go on with the workers there are
-                for fd in (commands_r, commands_w, results_r, results_w):
+            except OSError:  # out of processes (a pids limit) or of file descriptors: go on with the workers there are
+                for fd in pipes:
                     os.close(fd)
                 break
+            commands_r, commands_w, results_r, results_w = pipes
             if pid == 0:  # the worker: never returns into the caller
                 code = 1
                 try:
