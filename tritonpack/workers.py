@@ -183,7 +183,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
 
 
 class StagingWorkers:
-    """Workers forked for one unpack; a context manager that kills whatever still runs when it ends."""
+    """Workers forked for one unpack (by a ``Launcher``, which closes them when it ends)."""
 
     def __init__(self, reader, root: str, blocks: list[Block], count: int):
         self.reader = reader
@@ -296,9 +296,3 @@ class StagingWorkers:
             os.close(fd)
             os.close(commands)
         self.children.clear()
-
-    def __enter__(self) -> StagingWorkers:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
