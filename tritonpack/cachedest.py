@@ -161,7 +161,7 @@ def materialize(
     workers=None,
 ) -> Written:
     """Write the planned files, then the manifests, staged so that a failure changes nothing visible (see
-    ``staging``), with forked ``workers`` if given (``workers.start``). Raises ``CacheError`` on any filesystem
+    ``staging``), with forked ``workers`` if given (``workers.Launcher``). Raises ``CacheError`` on any filesystem
     failure, ``ArchiveError`` on a bad block."""
     from .staging import write_staged
 

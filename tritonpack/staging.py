@@ -298,7 +298,7 @@ def write_staged(
 ) -> Written:
     """Stage everything the placements need, then commit entry by entry. ``OSError`` propagates (the caller maps
     it to ``CacheError``); whatever fails, no temp file of this run is left behind. ``workers``: forked worker
-    processes (``workers.start``) to stage with, instead of this process's threads."""
+    processes (a ``workers.Launcher``'s) to stage with, instead of this process's threads."""
     clean_stale(root, sorted({p.entry.key for p in placements}))
     active = [n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)]
     if not active:

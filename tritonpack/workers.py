@@ -20,7 +20,6 @@ threads hold, which is why only the command asks for workers (``api.unpack(proce
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import marshal
 import os
 import select
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from .archive.format import IN_FLIGHT
 from .archive.index import Block
 from .cachedest import manifest_json
-from .errors import CacheError, IntegrityError
+from .errors import CacheError
 from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # the item that writes every manifest (blocks are numbered from 0)
@@ -129,9 +128,7 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     else:
         view = memoryview(data if data is not None else reader.read_block(number, block))
         for blob, offset, size, digest, where in plan:
-            content = view[offset:offset + size]
-            if len(content) != size or hashlib.sha256(content).digest() != digest:
-                raise IntegrityError(f"sha256 mismatch in blob {blob} (block {number})", reader.path)
+            content = reader.verified(view, number, blob, offset, size, digest)
             for directory, name, n, i in where:
                 jobs.append((directory, name, content))
                 owners.append((n, i, size))
