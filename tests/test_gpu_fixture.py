@@ -74,13 +74,15 @@ def test_golden_archive_is_reproduced_byte_for_byte(tmp_path):
     assert again.read_bytes() == GOLDEN.read_bytes()
 
 
-@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("h200-triton36-v1.0-size-order-writer.tpack"),
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("h200-triton36-v1.0-index12-writer.tpack"),
+                                    GOLDEN.with_name("h200-triton36-v1.0-size-order-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-ldm-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-early-writer.tpack")],
-                         ids=["current-writer", "size-order-writer", "ldm-writer", "early-writer"])
+                         ids=["current-writer", "index12-writer", "size-order-writer", "ldm-writer", "early-writer"])
 def test_golden_archive_reads(tmp_path, gpu_cache, golden):
     """The current writer's golden and those of earlier 1.0 writers: the first (8 MiB blocks, level 3), the second
-    (level 7 with long-distance matching, files by name) and the third (types in name order, zstd's level 8)."""
+    (level 7 with long-distance matching, files by name), the third (types in name order, zstd's level 8) and the
+    fourth (today's layout, the index at level 12)."""
     with tritonpack.open(golden) as reader:
         assert reader.info.format_version == (1, 0)
         assert reader.info.triton.version == "3.6.0"

@@ -112,11 +112,15 @@ def test_pack_is_deterministic(tmp_path, compiled_root, monkeypatch):
         assert reader.info.created == 1700000000
 
 
-def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, compiled_root):
+def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, compiled_root, monkeypatch):
     """Dedupe moves later contents up inside a block; blocks of duplicates only are not written. Same bytes with
-    1 or 4 threads, and every file comes back."""
+    1, 2 or 16 threads (one compressing and a read ahead; two and a read ahead; four compressing and no read
+    ahead), and every file comes back."""
+    from tritonpack.archive import writer
     from tritonpack.archive.writer import write_archive
     from tritonpack.cacheroot import scan_cache
+
+    monkeypatch.setattr(writer, "HELD", 5 * 4096)
 
     root = tmp_path / "cache"
     shutil.copytree(compiled_root, root)
@@ -126,9 +130,10 @@ def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, 
         (root / ("D" * 52) / name).write_bytes(b"" if i == 2 else (twin / next(twin.glob("*.json")).name).read_bytes())
     scan = scan_cache(str(root))
     info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
-    for threads in (1, 4):
+    for threads in (1, 2, 16):
         write_archive(str(tmp_path / f"{threads}.tpack"), scan.entries, info, block_size=4096, threads=threads)
-    assert (tmp_path / "1.tpack").read_bytes() == (tmp_path / "4.tpack").read_bytes()
+    assert (tmp_path / "1.tpack").read_bytes() == (tmp_path / "2.tpack").read_bytes() == \
+           (tmp_path / "16.tpack").read_bytes()
     with tritonpack.open(tmp_path / "1.tpack") as reader:
         assert len(reader.index.blocks) > 3 and len(reader.index.blobs) < sum(len(e.files) for e in reader.entries)
     tritonpack.unpack(tmp_path / "1.tpack", tmp_path / "out", force=True)
@@ -157,6 +162,36 @@ def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled
     writer.write_archive(str(tmp_path / "parallel.tpack"), scan.entries, info, block_size=4096, threads=4)
     assert next(calls) > 10
     assert (tmp_path / "parallel.tpack").read_bytes() == (tmp_path / "serial.tpack").read_bytes()
+
+
+@pytest.mark.parametrize(("threads", "most"), [(2, 2), (16, 4)])
+def test_compressions_at_once_fit_the_held_buffers(tmp_path, compiled_root, monkeypatch, threads, most):
+    """Five block buffers whatever the cores: with few, two compress and one is read ahead; with many, four
+    compress and none is read ahead. Never more at once, and as many where there are blocks for them."""
+    import threading
+
+    from tritonpack.archive import writer
+    from tritonpack.cacheroot import scan_cache
+
+    monkeypatch.setattr(writer, "HELD", 5 * 4096)
+    real, lock, running, peak = writer.compress_block, threading.Lock(), [0], [0]
+
+    def counted(data, level):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        try:
+            return real(data, level)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(writer, "compress_block", counted)
+    scan = scan_cache(str(compiled_root))
+    info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
+    writer.write_archive(str(tmp_path / "a.tpack"), scan.entries, info, block_size=4096, threads=threads)
+    assert peak[0] == most
 
 
 def test_a_block_that_finishes_between_two_looks_is_still_written(tmp_path, compiled_root, monkeypatch):

@@ -7,6 +7,7 @@ Each file is read exactly once; memory is bounded by a few blocks whatever the c
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import tempfile
 from collections import deque
@@ -32,11 +33,13 @@ from .index import BlobRef, Block, IndexEncoding, decode_index
 
 BLOCK_SIZE = 32 * 1024 * 1024  # a window that spans many alike files, small enough to decode in parallel
 MAX_WINDOW_LOG = 25  # 32 MiB: zstd decoders accept up to 2^27 by default
-INDEX_LEVEL = 12  # level 19 saves under 2% of the index for ten times the time
+# The index is compressed after the last block, with every other core idle: level 6 takes a third of level 12's
+# time for 0.7-2.3% more index bytes (most of an index is sha256 digests), 0.03-0.24% of the bench's archives.
+INDEX_LEVEL = 6
 DEFAULT_SEARCH_LOG = 3  # see compress_block
-# Block bytes a pack holds: five blocks, three of them compressing where there are cores for them. Each block
-# compressing costs its buffer and a 6 MB zstd context: peak RSS of a real pack was 179 MB with two, 215 MB
-# with three (bench/results/perf-h200host-*.json).
+# Block bytes a pack holds: five blocks, four of them compressing where there are cores for them. Each block
+# compressing costs its buffer and a 6 MB zstd context (hash and chain tables at level 8): peak RSS of a real
+# pack was 179 MB with two compressing and a read ahead, 215 MB with three (bench/results/perf-h200host-*.json).
 HELD = 5 * BLOCK_SIZE
 
 
@@ -198,16 +201,21 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     file_blobs: dict[tuple[int, int], int] = {}
     stored: dict[tuple[int, int], StoredFile] = {}
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
-    free: list[bytearray] = []  # block buffers to reuse: no fresh pages to fault in for every block
+    free: list[mmap.mmap] = []  # block buffers to reuse: no fresh pages to fault in for every block
     bytes_in = 0
-    # Block buffers held at once: one read ahead, one being deduplicated, and those compressing: HELD bytes
-    # whatever the core count.
-    most_compressing = max(1, min(threads, HELD // block_size - 2))
+    # Block buffers held at once, HELD bytes whatever the core count: the one being filled and deduplicated, those
+    # compressing, and one read ahead where too few cores leave a buffer spare. Where there are cores for them, a
+    # fourth compression does more than a read ahead: a block compresses in 0.05-0.4 s, and reads in 0.03 s.
+    slots = HELD // block_size - 1
+    most_compressing = max(1, min(threads, slots))
+    read_ahead = most_compressing < slots
 
-    def buffer_for(size: int) -> bytearray:
-        return free.pop() if free and size <= block_size else bytearray(max(size, block_size))
+    def buffer_for(size: int) -> mmap.mmap:
+        # An anonymous map, not a bytearray: bytearray(n) zero-fills n bytes in this thread, 20 ms for a block
+        # on the path to its first read, while the map's pages are faulted in by the reader threads.
+        return free.pop() if free and size <= block_size else mmap.mmap(-1, max(size, block_size))
 
-    def recycle(buffer: bytearray | None) -> None:
+    def recycle(buffer: mmap.mmap | None) -> None:
         if buffer is not None and len(buffer) == block_size:  # a larger one held a single big file: let it go
             free.append(buffer)
 
@@ -259,11 +267,11 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             view = memoryview(buffer)
             return buffer, [(batch, readers.submit(_fill, batch, view)) for batch in _batches(run)]
 
-        ahead = start_reading()
-        while ahead is not None:
-            buffer, reads = ahead
+        current = start_reading()
+        while current is not None:
+            buffer, reads = current
             view = memoryview(buffer)
-            ahead = start_reading()
+            following = start_reading() if read_ahead else None
             cursor = 0  # dedupe: later contents move up over the duplicates, in place
             first_blob = len(blobs)
             for batch, future in reads:
@@ -288,6 +296,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             else:
                 recycle(buffer)
             settle(most_compressing)
+            current = following if read_ahead else start_reading()
         # The index, but for its block table, is encoded and checked while the last blocks compress.
         model = tuple(
             Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[(i, j)] for j in range(len(e.files))),
