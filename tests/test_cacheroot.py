@@ -118,6 +118,22 @@ def test_launcher_stub_tags(tmp_path):
     assert tagged.ext_suffix == ".cpython-310-x86_64-linux-gnu.so" and tagged.tag_from == "filename"
 
 
+def test_a_json_that_changed_size_since_the_scan_is_read_whole(tmp_path):
+    """The scan reads a manifest or metadata file with one read of the size it saw and a byte more: a file that
+    grew since is read to its end, one that shrank is what it now holds, one that is gone or not JSON is None."""
+    from tritonpack.cacheroot import _read_json
+
+    path = tmp_path / "k.json"
+    data = {"child_paths": {f"file{i}.ptx": "/x" * 40 for i in range(2000)}}
+    path.write_text(json.dumps(data))
+    size = path.stat().st_size
+    for seen in (size, 0, 10, size - 1, size + 1, 10 * size):
+        assert _read_json(str(path), seen) == data
+    path.write_text("{not json")
+    assert _read_json(str(path), size) is None
+    assert _read_json(str(tmp_path / "gone.json"), size) is None
+
+
 def test_missing_root_is_a_clear_error(tmp_path):
     with pytest.raises(tritonpack.CacheError, match="does not exist"):
         tritonpack.pack(tmp_path / "nope", tmp_path / "k.tpack")

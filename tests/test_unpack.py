@@ -271,8 +271,8 @@ def test_a_file_that_changes_size_during_pack_is_an_error_and_no_archive(tmp_pat
     shutil.copytree(compiled_root, root)
     real = cacheroot.scan_cache
 
-    def scan_then_grow(path):
-        scan = real(path)
+    def scan_then_grow(path, processes=False):
+        scan = real(path, processes)
         with open(scan.entries[0].files[0].path, "ab") as f:
             f.write(b"// appended after the scan\n")
         return scan

@@ -77,11 +77,13 @@ def pack(
     selection: Selection = EVERYTHING,
     since: float | None = None,
     progress: Progress | None = None,
+    processes: bool = False,
 ) -> PackResult:
     """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it.
 
     ``selection`` packs part of the cache: some targets, some kernels, or binary-only groups. ``since`` (a Unix
-    time) keeps the entries with a file modified since then: what recent runs compiled or tuned.
+    time) keeps the entries with a file modified since then: what recent runs compiled or tuned. ``processes``:
+    read a large root with forked processes too, where a fork is safe (``forking.fork_safe``; the command does).
     """
     from .archive.writer import write_archive
     from .cacheroot import scan_cache
@@ -93,7 +95,7 @@ def pack(
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
     _refuse_output_inside(root, output)
-    scan = scan_cache(root)
+    scan = scan_cache(root, processes=processes)
     if since is not None:
         scan.entries = [e for e in scan.entries if _newest(e) >= since]
     if not selection.everything:

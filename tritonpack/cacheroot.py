@@ -11,9 +11,11 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from functools import partial
 
 from .archive.index import valid_file_name
 from .errors import CacheError
+from .forking import cores, fork_safe, forked_map
 from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, StubInfo, manifest_name
 from .triton_env import python_info
 
@@ -95,6 +97,8 @@ class CacheScan:
     root: str
     entries: list[LocalEntry] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    # child names found valid so far: the kernels of one template share them, and each is checked once
+    valid_names: set[str] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def foreign_manifests(self) -> int:
@@ -170,30 +174,39 @@ def stub_info(file_name: str) -> StubInfo:
 
 
 def _regular_files(key_dir: str, rel: str, skipped: list[Skipped]) -> dict[str, int]:
-    """Name -> size of the plain files of a key dir; everything else is reported."""
+    """Name -> size of the plain files of a key dir, in name order; everything else is reported."""
     files: dict[str, int] = {}
     with os.scandir(key_dir) as it:
-        for item in sorted(it, key=lambda d: d.name):
-            where = f"{rel}/{item.name}"
-            if item.name.startswith("tmp."):
-                skipped.append(Skipped(where, "temporary file of an unfinished write"))
-                continue
-            st = item.stat(follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode):
-                files[item.name] = st.st_size
-            elif stat.S_ISLNK(st.st_mode):
-                skipped.append(Skipped(where, "symbolic link (never followed)"))
-            elif stat.S_ISDIR(st.st_mode):
-                skipped.append(Skipped(where, "unexpected directory"))
-            else:
-                skipped.append(Skipped(where, "not a regular file"))
+        items = {item.name: item for item in it}
+    for name in sorted(items):
+        if name.startswith("tmp."):
+            skipped.append(Skipped(f"{rel}/{name}", "temporary file of an unfinished write"))
+            continue
+        mode = (st := items[name].stat(follow_symlinks=False)).st_mode
+        if stat.S_ISREG(mode):
+            files[name] = st.st_size
+        elif stat.S_ISLNK(mode):
+            skipped.append(Skipped(f"{rel}/{name}", "symbolic link (never followed)"))
+        elif stat.S_ISDIR(mode):
+            skipped.append(Skipped(f"{rel}/{name}", "unexpected directory"))
+        else:
+            skipped.append(Skipped(f"{rel}/{name}", "not a regular file"))
     return files
 
 
-def _read_json(path: str):
+def _read_json(path: str, size: int):
+    """The parsed file, or None. One read of the scanned ``size`` and a byte more: no buffered file object, which
+    costs more than the read for a small json (a file that grew since the scan is read to its end)."""
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, size + 1)
+            if len(data) > size:
+                while more := os.read(fd, 1 << 16):
+                    data += more
+        finally:
+            os.close(fd)
+        return json.loads(data)
     except (OSError, ValueError):
         return None
 
@@ -208,11 +221,11 @@ def _inside(path, directory: str) -> bool:
     return os.path.dirname(os.path.abspath(path)) == directory
 
 
-def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
-                skipped: list[Skipped]) -> LocalEntry | None:
+def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan: CacheScan) -> LocalEntry | None:
     key_dir = os.path.join(root, key)
+    skipped = scan.skipped
     rel = f"{key}/{manifest}"
-    data = _read_json(os.path.join(key_dir, manifest))
+    data = _read_json(f"{key_dir}{os.sep}{manifest}", files[manifest])
     children = data.get("child_paths") if isinstance(data, dict) else None
     if not isinstance(children, dict) or not children:
         skipped.append(Skipped(rel, "unreadable manifest"))
@@ -222,10 +235,11 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
         skipped.append(Skipped(rel, "manifest names no kernel"))
         return None
     names = list(children)
-    bad = [n for n in names if not valid_file_name(n) or n.startswith(MANIFEST_PREFIX)]
+    bad = [n for n in names if n not in scan.valid_names and (not valid_file_name(n) or n.startswith(MANIFEST_PREFIX))]
     if bad:
         skipped.append(Skipped(rel, f"manifest names an invalid child {bad[0]!r}"))
         return None
+    scan.valid_names.update(names)
     missing = [n for n in names if n not in files]
     if missing:
         skipped.append(Skipped(rel, f"incomplete group: {missing[0]} is missing"))
@@ -234,7 +248,7 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int],
     if metadata_name not in children:
         skipped.append(Skipped(rel, f"incomplete group: manifest does not list {metadata_name}"))
         return None
-    metadata = _read_json(os.path.join(key_dir, metadata_name))
+    metadata = _read_json(f"{key_dir}{os.sep}{metadata_name}", files[metadata_name])
     if not isinstance(metadata, dict):
         skipped.append(Skipped(f"{key}/{metadata_name}", "unreadable kernel metadata"))
         return None
@@ -256,12 +270,12 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
     claimed: set[str] = set()
     for name in [n for n in files if n.startswith(MANIFEST_PREFIX) and n.endswith(".json")]:
         claimed.add(name)
-        entry = _scan_group(root, key, name, files, scan.skipped)
+        entry = _scan_group(root, key, name, files, scan)
         if entry is not None:
             scan.entries.append(entry)
             claimed.update(f.name for f in entry.files)
         else:  # its children are reported with the manifest, not one by one
-            data = _read_json(os.path.join(key_dir, name))
+            data = _read_json(f"{key_dir}{os.sep}{name}", files[name])
             children = data.get("child_paths") if isinstance(data, dict) else None
             if isinstance(children, dict):
                 claimed.update(n for n in children if isinstance(n, str))
@@ -276,7 +290,7 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
         path = os.path.join(key_dir, name)
         local = (LocalFile(name, path, files[name]),)
         if name.endswith(AUTOTUNE_SUFFIX):
-            data = _read_json(path)
+            data = _read_json(path, files[name])
             try:
                 info = autotune_info(name, data if isinstance(data, dict) else {})
             except ValueError:
@@ -291,17 +305,36 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
             scan.skipped.append(Skipped(f"{key}/{name}", "unrecognised file"))
 
 
-def scan_cache(root: str) -> CacheScan:
-    """Every entry under ``root``, in sorted order, plus what was skipped. Reads, never writes."""
+ITEMS_PER_PROCESS = 128  # a forked reader's least share of a root: fewer directories cost more to fork than to read
+
+
+def scan_cache(root: str, processes: bool = False) -> CacheScan:
+    """Every entry under ``root``, in sorted order, plus what was skipped. Reads, never writes. With
+    ``processes``, forked processes read a large root's directories too, a run of them each (``forking``): the
+    result is the same, in the same order."""
     if not os.path.exists(root):
         raise CacheError("cache directory does not exist", root)
     if not os.path.isdir(root):
         raise CacheError("not a directory", root)
-    scan = CacheScan(root=root)
     try:
         items = sorted(os.scandir(root), key=lambda d: d.name)
     except OSError as e:
         raise CacheError(f"cannot read: {e.strerror}", root) from e
+    count = min(cores(), len(items) // ITEMS_PER_PROCESS) if processes and fork_safe() else 1
+    if count > 1:
+        runs = [items[n * len(items) // count:(n + 1) * len(items) // count] for n in range(count)]
+        parts = forked_map(partial(_scan_items, root), runs)
+    else:
+        parts = [_scan_items(root, items)]
+    scan = CacheScan(root=root)
+    for entries, skipped in parts:
+        scan.entries += entries
+        scan.skipped += skipped
+    return scan
+
+
+def _scan_items(root: str, items: list[os.DirEntry]) -> tuple[list[LocalEntry], list[Skipped]]:
+    scan = CacheScan(root=root)
     for item in items:
         if item.name == TOOL_DIR:
             continue
@@ -318,7 +351,7 @@ def scan_cache(root: str) -> CacheScan:
                 _scan_key_dir(root, item.name, scan)
             except OSError as e:
                 scan.skipped.append(Skipped(item.name, f"unreadable: {e.strerror}"))
-    return scan
+    return scan.entries, scan.skipped
 
 
 def scan_keys(root: str, keys) -> CacheScan:

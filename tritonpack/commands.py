@@ -97,7 +97,8 @@ def pack_output(cache_dir: str | None = None, output: str = "kernels.tpack", lev
     from .archive.format import DEFAULT_LEVEL
 
     result = api.pack(cache_dir, output, level=DEFAULT_LEVEL if level is None else level,
-                      selection=selection(arch, kernel, binary_only), since=since_time(since), progress=progress)
+                      selection=selection(arch, kernel, binary_only), since=since_time(since), progress=progress,
+                      processes=True)
     return reported(result, as_json, quiet)
 
 

@@ -14,8 +14,8 @@ write temp files only (``staging.StageWriter``) and report each one; the parent 
 - a parent that is interrupted, or fails before staging, kills its workers (and sweeps what they may have made);
 - a killed parent takes its workers with it (``PR_SET_PDEATHSIG``): none goes on writing for a dead run.
 
-Forking needs Linux, a local archive and no other thread in the process: a fork copies whatever locks other
-threads hold, which is why only the command asks for workers (``api.unpack(processes=True)``).
+Forking needs a local archive and what ``forking.fork_safe`` asks, which is why only the command asks for workers
+(``api.unpack(processes=True)``).
 """
 from __future__ import annotations
 
@@ -24,8 +24,6 @@ import marshal
 import os
 import select
 import signal
-import sys
-import threading
 from collections import deque
 from collections.abc import Callable
 
@@ -33,6 +31,7 @@ from .archive.format import IN_FLIGHT
 from .archive.index import Block
 from .cachedest import manifest_json
 from .errors import CacheError
+from .forking import cores, die_with, fork_safe
 from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # the item that writes every manifest (blocks are numbered from 0)
@@ -49,10 +48,10 @@ Record = Callable[[int, int, int, str], None]  # entry, file (or staging.MANIFES
 def worker_count(reader, blocks: list[Block]) -> int:
     """How many workers to fork (below 2: stage in threads): one a block, a core, and a block's share of
     ``IN_FLIGHT``; none where a fork is not safe."""
-    if not blocks or not reader.local or not sys.platform.startswith("linux") or threading.active_count() > 1:
+    if not blocks or not reader.local or not fork_safe():
         return 0
     biggest = max(block.size for block in blocks)
-    return min(len(os.sched_getaffinity(0)), len(blocks), max(1, IN_FLIGHT // max(biggest, 1)))
+    return min(cores(), len(blocks), max(1, IN_FLIGHT // max(biggest, 1)))
 
 
 class Launcher:
@@ -100,18 +99,6 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
         parts.append(part)
         left -= len(part)
     return b"".join(parts)
-
-
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this worker when its parent dies (Linux ``PR_SET_PDEATHSIG``)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # no prctl: the worker still ends at its next word with the parent
-        pass
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
 
 
 def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: bytes | None,
@@ -204,7 +191,7 @@ class StagingWorkers:
                 code = 1
                 try:
                     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and cleans up
-                    _die_with(parent)
+                    die_with(parent)
                     for fd in (commands_w, results_r, *(f for r, (_, c, _) in self.children.items() for f in (r, c))):
                         os.close(fd)
                     code = _work(reader, self.items, blocks, root, part, count, commands_r, results_w)

@@ -1,0 +1,130 @@
+"""Forked processes for the command: pack's scan of a large root, and the map that runs it."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+import tritonpack
+from tritonpack import cacheroot, forking
+
+
+def no_children_left() -> bool:
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+@pytest.fixture()
+def forks(monkeypatch):
+    """Counts the forks this process makes."""
+    made = []
+    real = os.fork
+
+    def counted():
+        pid = real()
+        if pid:
+            made.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted)
+    return made
+
+
+def test_results_come_back_in_order_from_the_children(forks):
+    parent = os.getpid()
+    assert forking.forked_map(lambda n: (n * n, os.getpid() == parent), list(range(6))) == \
+        [(0, True)] + [(n * n, False) for n in range(1, 6)]
+    assert len(forks) == 5 and no_children_left()
+
+
+def test_a_part_whose_child_fails_or_dies_is_done_here(forks):
+    parent = os.getpid()
+
+    def fragile(n):
+        if os.getpid() != parent and n == 1:
+            raise RuntimeError("child failed")
+        if os.getpid() != parent and n == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return n, os.getpid() == parent
+
+    assert forking.forked_map(fragile, [0, 1, 2, 3]) == [(0, True), (1, True), (2, True), (3, False)]
+    assert len(forks) == 3 and no_children_left()
+
+
+def test_a_fork_or_a_pipe_that_fails_leaves_the_part_here(monkeypatch):
+    monkeypatch.setattr(os, "fork", lambda: (_ for _ in ()).throw(BlockingIOError(11, "out of processes")))
+    assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "pipe", lambda: (_ for _ in ()).throw(OSError(24, "Too many open files")))
+    assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
+    assert no_children_left()
+
+
+def test_an_interrupted_parent_kills_its_children(forks):
+    parent = os.getpid()
+
+    def slow(n):
+        if os.getpid() == parent:
+            raise KeyboardInterrupt
+        time.sleep(30)
+        return n
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        forking.forked_map(slow, [0, 1, 2])
+    assert time.monotonic() - start < 10 and len(forks) == 2 and no_children_left()
+
+
+@pytest.fixture()
+def odd_root(tmp_path, compiled_root):
+    """A root of many key directories, with what the scan skips spread among them."""
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    keys = sorted(p for p in root.iterdir() if p.is_dir())
+    for n in range(40):
+        shutil.copytree(keys[n % len(keys)], root / f"{n:02d}{keys[n % len(keys)].name[2:]}")
+    (root / "tmp.12345").mkdir()
+    (root / "stray.txt").write_text("x")
+    (root / "ZZZZZZZZZZZZZZZZZZZZ").symlink_to(keys[0])
+    (root / f"{keys[1].name}" / "tmp.partial").write_text("x")
+    (root / f"{keys[1].name}" / "notes.txt").write_text("x")
+    return root
+
+
+def test_a_forked_scan_finds_what_one_process_finds_in_the_same_order(odd_root, forks, monkeypatch):
+    serial = cacheroot.scan_cache(str(odd_root))
+    assert not forks and len(serial.skipped) >= 5
+    monkeypatch.setattr(cacheroot, "ITEMS_PER_PROCESS", 8)
+    monkeypatch.setattr(cacheroot, "cores", lambda: 4)
+    forked = cacheroot.scan_cache(str(odd_root), processes=True)
+    assert len(forks) == 3 and no_children_left()
+    assert forked.entries == serial.entries and forked.skipped == serial.skipped
+
+
+def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_root, forks, monkeypatch):
+    monkeypatch.setattr(cacheroot, "ITEMS_PER_PROCESS", 8)
+    monkeypatch.setattr(cacheroot, "cores", lambda: 4)
+    tritonpack.pack(odd_root, tmp_path / "api.tpack")
+    assert not forks
+    from tritonpack.commands import pack_output
+
+    pack_output(str(odd_root), str(tmp_path / "cli.tpack"), quiet=True)
+    assert len(forks) == 3
+    assert (tmp_path / "api.tpack").read_bytes() == (tmp_path / "cli.tpack").read_bytes()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        pack_output(str(odd_root), str(tmp_path / "threaded.tpack"), quiet=True)
+    finally:
+        stop.set()
+        other.join()
+    assert len(forks) == 3  # another thread runs: no fork
+    assert (tmp_path / "threaded.tpack").read_bytes() == (tmp_path / "api.tpack").read_bytes()

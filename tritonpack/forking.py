@@ -1,0 +1,114 @@
+"""Forked processes for the command: when a fork is safe, and a map over parts of a job.
+
+A fork copies whatever locks other threads hold, and ``threading`` cannot see a host program's native threads
+(torch's); so only the CLI, which is its own process, asks for forks (``processes=True`` in the API), and only
+where this process runs no other Python thread, on Linux.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+Part = TypeVar("Part")
+Result = TypeVar("Result")
+
+
+def fork_safe() -> bool:
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def die_with(parent: int) -> None:
+    """Have the kernel kill this forked process when its parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the child still ends at its next word with the parent
+        pass
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def forked_map(function: Callable[[Part], Result], parts: Sequence[Part]) -> list[Result]:
+    """``[function(part) for part in parts]``: the first part in this process while forked children do the
+    others, each sending its result back pickled. A part whose child could not be forked, failed or died is done
+    here instead, so the results are the same whatever happens to the children, only later. An interrupted or
+    failing parent kills the children it forked."""
+    parent = os.getpid()
+    children: list[tuple[int, int] | None] = []  # (pid, read end of its pipe) of each part after the first
+    try:
+        for part in parts[1:]:
+            children.append(_fork(function, part, parent))
+        results = [function(parts[0])]
+        for n in range(1, len(parts)):
+            child, children[n - 1] = children[n - 1], None
+            result = _collect(child) if child is not None else None
+            results.append(function(parts[n]) if result is None else result[0])
+        return results
+    finally:
+        for child in children:
+            if child is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(child[0], signal.SIGKILL)
+                _collect(child)
+
+
+def _fork(function: Callable, part, parent: int) -> tuple[int, int] | None:
+    try:
+        read, write = os.pipe()
+    except OSError:  # out of file descriptors: this part is done here
+        return None
+    try:
+        pid = os.fork()
+    except OSError:  # out of processes (a pids limit)
+        os.close(read)
+        os.close(write)
+        return None
+    if pid:
+        os.close(write)
+        return pid, read
+    code = 1
+    try:
+        os.close(read)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this child if it must
+        die_with(parent)
+        data = memoryview(pickle.dumps((function(part),), protocol=pickle.HIGHEST_PROTOCOL))
+        while data:
+            data = data[os.write(write, data):]
+        code = 0
+    finally:  # never back into the parent's code, nor its exit handlers
+        os._exit(code)
+
+
+def _collect(child: tuple[int, int]) -> tuple | None:
+    """The child's result (in a 1-tuple), or None if it failed; either way the child is reaped and its pipe
+    closed (a child still writing gets a broken pipe and ends)."""
+    pid, read = child
+    chunks = []
+    try:
+        while chunk := os.read(read, 1 << 20):
+            chunks.append(chunk)
+    except OSError:
+        chunks = []
+    finally:
+        os.close(read)
+        _, status = os.waitpid(pid, 0)
+    if not chunks or not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        return None
+    try:
+        return pickle.loads(b"".join(chunks))
+    except Exception:  # not what a child that exits 0 writes; its part is done here all the same
+        return None
+
+
+__all__ = ["fork_safe", "cores", "die_with", "forked_map"]
