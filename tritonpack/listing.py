@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
 from .report import human_bytes
-from .safetext import printable
+from .safetext import printable, unsafe
 
 if TYPE_CHECKING:
     from .compat import CheckReport
@@ -65,8 +65,10 @@ def _config_text(config: dict) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    rows = [[printable(cell) for cell in row] for row in rows]  # names come from the archive
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    # Names come from the archive: a row with anything unsafe has its cells escaped (one search a row, not a cell).
+    rows = [[printable(cell) for cell in row] if unsafe("".join(row)) else row for row in rows]
+    columns = zip(*rows, strict=True) if rows else ([] for _ in headers)
+    widths = [max(len(h), *map(len, column)) for h, column in zip(headers, columns, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 

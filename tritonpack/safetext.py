@@ -14,6 +14,11 @@ def _escape(match: re.Match) -> str:
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
+def unsafe(text: str) -> bool:
+    """Whether ``printable`` would change ``text``."""
+    return _UNSAFE.search(text) is not None
+
+
 def printable(text: str) -> str:
     """``text`` with every unsafe character replaced by a visible escape (``\\n`` becomes ``\\x0a``)."""
     return _UNSAFE.sub(_escape, text)
@@ -24,4 +29,4 @@ def printable_lines(text: str) -> str:
     return "\n".join(printable(line) for line in text.split("\n"))
 
 
-__all__ = ["printable", "printable_lines"]
+__all__ = ["printable", "printable_lines", "unsafe"]
