@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from conftest import snapshot
 
 import tritonpack
 from tritonpack import cacheroot, forking
@@ -128,3 +129,32 @@ def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_ro
         other.join()
     assert len(forks) == 3  # another thread runs: no fork
     assert (tmp_path / "threaded.tpack").read_bytes() == (tmp_path / "api.tpack").read_bytes()
+
+
+def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root, forks, monkeypatch):
+    """A process that ignores SIGCHLD (inherited through exec) cannot read its children's exit status: the
+    command's unpack stages in threads and its pack scans in one process, and both still work."""
+    from tritonpack import workers
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.commands import pack_output, unpack_output
+
+    monkeypatch.setattr(cacheroot, "ITEMS_PER_PROCESS", 1)
+    monkeypatch.setattr(cacheroot, "cores", lambda: 4)
+    monkeypatch.setattr(workers, "cores", lambda: 4)
+    small = tmp_path / "small-blocks.tpack"  # several blocks: an unpack that would fork its workers
+    write_archive(str(small), cacheroot.scan_cache(str(compiled_root)).entries,
+                  tritonpack.ArchiveInfo("test", (1, 0), None, None, None), block_size=4096)
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert not forking.fork_safe()
+        pack_output(str(compiled_root), str(tmp_path / "k.tpack"), quiet=True)
+        unpack_output(str(small), str(tmp_path / "root"), force=True, quiet=True)
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert not forks
+    assert forking.fork_safe()
+    unpack_output(str(small), str(tmp_path / "again"), force=True, quiet=True)
+    assert len(forks) == 4  # the same unpack forks once SIGCHLD is handled again
+    src, out = snapshot(compiled_root), snapshot(tmp_path / "root")
+    assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
+           {k: v[2] for k, v in out.items() if "__grp__" not in k}

@@ -2,7 +2,7 @@
 
 A fork copies whatever locks other threads hold, and ``threading`` cannot see a host program's native threads
 (torch's); so only the CLI, which is its own process, asks for forks (``processes=True`` in the API), and only
-where this process runs no other Python thread, on Linux.
+where ``fork_safe`` says so.
 """
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ Result = TypeVar("Result")
 
 
 def fork_safe() -> bool:
-    return sys.platform.startswith("linux") and threading.active_count() == 1
+    """Linux, no other Python thread, and SIGCHLD not ignored: a process that ignores it (inherited through exec
+    from whoever started it) has its children reaped by the kernel, and could not tell a child that finished
+    from one that was killed."""
+    return (sys.platform.startswith("linux") and threading.active_count() == 1
+            and signal.getsignal(signal.SIGCHLD) != signal.SIG_IGN)
 
 
 def cores() -> int:
