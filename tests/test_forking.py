@@ -43,6 +43,8 @@ def test_results_come_back_in_order_from_the_children(forks):
     assert forking.forked_map(lambda n: (n * n, os.getpid() == parent), list(range(6))) == \
         [(0, True)] + [(n * n, False) for n in range(1, 6)]
     assert len(forks) == 5 and no_children_left()
+    assert forking.forked_map(lambda n: n, []) == [] and forking.forked_map(lambda n: -n, [3]) == [-3]
+    assert len(forks) == 5
 
 
 def test_a_part_whose_child_fails_or_dies_is_done_here(forks):

@@ -2,7 +2,6 @@
 (``entry.py``), so that both print exactly the same. No typer here: importing it costs 0.1 s."""
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,10 @@ def print_error(line: str) -> None:
 
 
 def to_json(doc) -> str:
-    """One line of JSON: the C encoder (an indented dump is ten times slower on large archives); pipe to jq."""
+    """One line of JSON: the C encoder (an indented dump is ten times slower on large archives); pipe to jq.
+    Imported here: a plain ``list`` does not pay for it."""
+    import json
+
     return json.dumps(doc, default=str)
 
 

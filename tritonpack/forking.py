@@ -48,6 +48,8 @@ def forked_map(function: Callable[[Part], Result], parts: Sequence[Part]) -> lis
     others, each sending its result back pickled. A part whose child could not be forked, failed or died is done
     here instead, so the results are the same whatever happens to the children, only later. An interrupted or
     failing parent kills the children it forked."""
+    if not parts:
+        return []
     parent = os.getpid()
     children: list[tuple[int, int] | None] = []  # (pid, read end of its pipe) of each part after the first
     try:

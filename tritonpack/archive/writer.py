@@ -39,7 +39,7 @@ INDEX_LEVEL = 6
 DEFAULT_SEARCH_LOG = 3  # see compress_block
 # Block bytes a pack holds: five blocks, four of them compressing where there are cores for them. Each block
 # compressing costs its buffer and a 6 MB zstd context (hash and chain tables at level 8): peak RSS of a real
-# pack was 179 MB with two compressing and a read ahead, 215 MB with three (bench/results/perf-h200host-*.json).
+# pack is 173 MB with two compressing and a read ahead, 219-221 MB with four (bench/results/perf-*torch*.json).
 HELD = 5 * BLOCK_SIZE
 
 
