@@ -24,6 +24,31 @@ def snapshot(root) -> dict[str, tuple[int, int, str]]:
     return result
 
 
+def no_child_left() -> bool:
+    """Whether every process this one forked has been reaped."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+@pytest.fixture()
+def counted_forks(monkeypatch) -> list[int]:
+    """The pids of the forks this process makes (``os.fork`` counted)."""
+    made: list[int] = []
+    real = os.fork
+
+    def counted():
+        pid = real()
+        if pid:
+            made.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted)
+    return made
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_fingerprint_cache(tmp_path_factory):
     """Tests never read or write the user's ~/.cache/tritonpack."""

@@ -8,46 +8,22 @@ import threading
 import time
 
 import pytest
-from conftest import snapshot
+from conftest import no_child_left, snapshot
 
 import tritonpack
 from tritonpack import cacheroot, forking
 
 
-def no_children_left() -> bool:
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
-
-
-@pytest.fixture()
-def forks(monkeypatch):
-    """Counts the forks this process makes."""
-    made = []
-    real = os.fork
-
-    def counted():
-        pid = real()
-        if pid:
-            made.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", counted)
-    return made
-
-
-def test_results_come_back_in_order_from_the_children(forks):
+def test_results_come_back_in_order_from_the_children(counted_forks):
     parent = os.getpid()
     assert forking.forked_map(lambda n: (n * n, os.getpid() == parent), list(range(6))) == \
         [(0, True)] + [(n * n, False) for n in range(1, 6)]
-    assert len(forks) == 5 and no_children_left()
+    assert len(counted_forks) == 5 and no_child_left()
     assert forking.forked_map(lambda n: n, []) == [] and forking.forked_map(lambda n: -n, [3]) == [-3]
-    assert len(forks) == 5
+    assert len(counted_forks) == 5
 
 
-def test_a_part_whose_child_fails_or_dies_is_done_here(forks):
+def test_a_part_whose_child_fails_or_dies_is_done_here(counted_forks):
     parent = os.getpid()
 
     def fragile(n):
@@ -58,7 +34,7 @@ def test_a_part_whose_child_fails_or_dies_is_done_here(forks):
         return n, os.getpid() == parent
 
     assert forking.forked_map(fragile, [0, 1, 2, 3]) == [(0, True), (1, True), (2, True), (3, False)]
-    assert len(forks) == 3 and no_children_left()
+    assert len(counted_forks) == 3 and no_child_left()
 
 
 def test_a_fork_or_a_pipe_that_fails_leaves_the_part_here(monkeypatch):
@@ -67,10 +43,10 @@ def test_a_fork_or_a_pipe_that_fails_leaves_the_part_here(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(os, "pipe", lambda: (_ for _ in ()).throw(OSError(24, "Too many open files")))
     assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
-    assert no_children_left()
+    assert no_child_left()
 
 
-def test_an_interrupted_parent_kills_its_children(forks):
+def test_an_interrupted_parent_kills_its_children(counted_forks):
     parent = os.getpid()
 
     def slow(n):
@@ -82,7 +58,7 @@ def test_an_interrupted_parent_kills_its_children(forks):
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         forking.forked_map(slow, [0, 1, 2])
-    assert time.monotonic() - start < 10 and len(forks) == 2 and no_children_left()
+    assert time.monotonic() - start < 10 and len(counted_forks) == 2 and no_child_left()
 
 
 @pytest.fixture()
@@ -101,25 +77,25 @@ def odd_root(tmp_path, compiled_root):
     return root
 
 
-def test_a_forked_scan_finds_what_one_process_finds_in_the_same_order(odd_root, forks, monkeypatch):
+def test_a_forked_scan_finds_what_one_process_finds_in_the_same_order(odd_root, counted_forks, monkeypatch):
     serial = cacheroot.scan_cache(str(odd_root))
-    assert not forks and len(serial.skipped) >= 5
+    assert not counted_forks and len(serial.skipped) >= 5
     monkeypatch.setattr(cacheroot, "ITEMS_PER_PROCESS", 8)
     monkeypatch.setattr(cacheroot, "cores", lambda: 4)
     forked = cacheroot.scan_cache(str(odd_root), processes=True)
-    assert len(forks) == 3 and no_children_left()
+    assert len(counted_forks) == 3 and no_child_left()
     assert forked.entries == serial.entries and forked.skipped == serial.skipped
 
 
-def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_root, forks, monkeypatch):
+def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_root, counted_forks, monkeypatch):
     monkeypatch.setattr(cacheroot, "ITEMS_PER_PROCESS", 8)
     monkeypatch.setattr(cacheroot, "cores", lambda: 4)
     tritonpack.pack(odd_root, tmp_path / "api.tpack")
-    assert not forks
+    assert not counted_forks
     from tritonpack.commands import pack_output
 
     pack_output(str(odd_root), str(tmp_path / "cli.tpack"), quiet=True)
-    assert len(forks) == 3
+    assert len(counted_forks) == 3
     assert (tmp_path / "api.tpack").read_bytes() == (tmp_path / "cli.tpack").read_bytes()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
@@ -129,11 +105,11 @@ def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_ro
     finally:
         stop.set()
         other.join()
-    assert len(forks) == 3  # another thread runs: no fork
+    assert len(counted_forks) == 3  # another thread runs: no fork
     assert (tmp_path / "threaded.tpack").read_bytes() == (tmp_path / "api.tpack").read_bytes()
 
 
-def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root, forks, monkeypatch):
+def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root, counted_forks, monkeypatch):
     """A process that ignores SIGCHLD (inherited through exec) cannot read its children's exit status: the
     command's unpack stages in threads and its pack scans in one process, and both still work."""
     from tritonpack import workers
@@ -153,10 +129,10 @@ def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root,
         unpack_output(str(small), str(tmp_path / "root"), force=True, quiet=True)
     finally:
         signal.signal(signal.SIGCHLD, previous)
-    assert not forks
+    assert not counted_forks
     assert forking.fork_safe()
     unpack_output(str(small), str(tmp_path / "again"), force=True, quiet=True)
-    assert len(forks) == 4  # the same unpack forks once SIGCHLD is handled again
+    assert len(counted_forks) == 4  # the same unpack counted_forks once SIGCHLD is handled again
     src, out = snapshot(compiled_root), snapshot(tmp_path / "root")
     assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
            {k: v[2] for k, v in out.items() if "__grp__" not in k}

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import snapshot
+from conftest import no_child_left, snapshot
 from invariants import group_problems, temp_files
 from kernels import HAS_LISTENER, compile_all
 
@@ -40,28 +40,10 @@ def archive(tmp_path, compiled_root):
 
 
 @pytest.fixture()
-def three_workers(monkeypatch):
+def three_workers(monkeypatch, counted_forks):
     """Three workers whatever the machine's cores (a 1-core CI machine would otherwise stage in threads)."""
-    forks = []
-    real_fork = os.fork
-
-    def counted_fork():
-        pid = real_fork()
-        if pid:
-            forks.append(pid)
-        return pid
-
     monkeypatch.setattr(workers, "worker_count", lambda reader, blocks: min(3, len(blocks)))
-    monkeypatch.setattr(os, "fork", counted_fork)
-    return forks
-
-
-def no_child_left() -> bool:
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
+    return counted_forks
 
 
 def comparable(root) -> dict[str, str]:
