@@ -101,6 +101,21 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
+def _reuse_block_memory() -> None:
+    """Have glibc's malloc keep a decoded block's memory for the next one (heap, not mmap; no trim), instead of
+    mapping fresh pages for each block. Page faults were 14% of an unpack's CPU, most of them zstd writing into
+    fresh blocks; with this, a 2-core unpack of the real cache took 19,900 faults in its workers instead of
+    36,400, and 12% less system time. Only in a worker: the setting is the whole process's."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: its largest value; a block under 32 MiB comes from the heap
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: freed heap memory stays for the next block
+    except (OSError, AttributeError):  # not glibc: fresh pages, as before
+        pass
+
+
 def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: bytes | None,
                 plan: Plan) -> list[tuple[int, int, int, str]]:
     """Stage one item as planned: the files of block ``number`` (``data``: the block decompressed ahead, if it
@@ -192,6 +207,7 @@ class StagingWorkers:
                 try:
                     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and cleans up
                     die_with(parent)
+                    _reuse_block_memory()
                     for fd in (commands_w, results_r, *(f for r, (_, c, _) in self.children.items() for f in (r, c))):
                         os.close(fd)
                     code = _work(reader, self.items, blocks, root, part, count, commands_r, results_w)
