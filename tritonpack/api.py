@@ -207,8 +207,8 @@ def unpack(
     The preflight runs first: only entries this environment will use are written (all with ``force``); when none
     would be used, ``IncompatibleError`` is raised and the root is left untouched. ``selection`` takes part of
     the archive (targets, kernels, binary-only); only the blocks holding what it takes are decoded.
-    ``processes``: write with forked worker processes, one a block, where the platform allows (Linux, a local
-    archive, no other Python thread), as the ``tritonpack`` command does. Off by default: inside a program of
+    ``processes``: write with forked worker processes, one a block, where a fork is safe (``forking.fork_safe``)
+    and the archive is a local file, as the ``tritonpack`` command does. Off by default: inside a program of
     your own, a fork would copy whatever locks its native threads hold.
     """
     from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
