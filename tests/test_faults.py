@@ -60,7 +60,7 @@ def test_disk_full_mid_write_changes_nothing(tmp_path, archive, monkeypatch, cap
             shutil.rmtree(manifest.parent)
     before = snapshot(root)
     with tritonpack.open(archive) as reader:
-        plan = [place(str(root), e, tuple(reader.blob_of(n, i) for i in range(len(e.files))), True)
+        plan = [place(str(root), e, reader.entry_blobs(n), True)
                 for n, e in enumerate(reader.entries)]
     writes = sum(len(p.files) + p.writes_manifest for p in plan)
     assert writes > 10

@@ -223,9 +223,8 @@ def unpack(
         chosen, report = preflight(reader, targets, selection, force)
         entries = tuple(v.entry for v in report.verdicts)
         try:
-            placements = [place(root, replace(e, files=tuple(e.files[i] for i in keep)),
-                                tuple(reader.blob_of(n, i) for i in keep), overwrite)
-                          for n, e in chosen for keep in [selection.file_indices(e)]]
+            placements = [place(root, *_taken(e, reader.entry_blobs(n), selection.file_indices(e)), overwrite)
+                          for n, e in chosen]
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)
@@ -252,6 +251,14 @@ def unpack(
             forced=len(report.unusable) if force else 0,
             unchecked=report.unchecked,
         )
+
+
+def _taken(entry: Entry, blobs: tuple[int, ...], keep: list[int]) -> tuple[Entry, tuple[int, ...]]:
+    """An entry as a selection takes it (files ``keep``), with the blob of each file taken: the entry itself where
+    it is taken whole (the usual case, and a copy for each of thousands of entries otherwise)."""
+    if len(keep) == len(entry.files):
+        return entry, blobs
+    return replace(entry, files=tuple(entry.files[i] for i in keep)), tuple(blobs[i] for i in keep)
 
 
 def verify(cache_dir: str | os.PathLike | None = None) -> VerifyReport:

@@ -202,7 +202,7 @@ def unpack_to_redis(
     try:
         with ArchiveReader(open_source(archive)) as reader:
             chosen, report = preflight(reader, targets, force=force)
-            with_blobs = [(tuple(reader.blob_of(n, i) for i in range(len(e.files))), e) for n, e in chosen]
+            with_blobs = [(reader.entry_blobs(n), e) for n, e in chosen]
             plans = plan(client, shown, fmt, with_blobs, overwrite)
             total = sum(p.entry.files[i].size for p in plans for i in p.files)
             files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))

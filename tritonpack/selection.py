@@ -49,11 +49,11 @@ class Selection:
 
     def file_indices(self, entry) -> list[int]:
         """Indices of the entry's files to take."""
-        names = [f.name for f in entry.files]
         if self.binary_only and entry.kind == GROUP:
+            names = [f.name for f in entry.files]
             keep = set(binary_only_names(entry.name, names))
             return [i for i, n in enumerate(names) if n in keep]
-        return list(range(len(names)))
+        return list(range(len(entry.files)))
 
     def _arch_matches(self, kernel) -> bool:
         if kernel is None or kernel.backend is None:

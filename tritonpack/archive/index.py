@@ -61,7 +61,7 @@ class Index:
     blocks: tuple[Block, ...]
     blobs: tuple[BlobRef, ...]
     entries: tuple[Entry, ...]
-    file_blobs: dict[tuple[int, int], int]  # (entry number, file number) -> blob number
+    file_blobs: tuple[tuple[int, ...], ...]  # by entry number, the blob of each of its files
     unknown_entries: int = 0  # entries of kinds this reader does not know, ignored
 
 
@@ -91,7 +91,8 @@ def _entry_meta(entry: Entry) -> dict:
 class IndexEncoding:
     """The index's msgpack bytes, all but its block table: a writer encodes (and checks) everything else while
     its last blocks still compress, and adds the table, whose offsets and lengths only then exist. The bytes are
-    those of one ``msgpack.packb`` of the whole map, whose keys keep the insertion order fixed here."""
+    those of one ``msgpack.packb`` of the whole map, whose keys keep the insertion order fixed here. ``file_blobs``:
+    by entry, the blob of each of its files (as ``Index.file_blobs``)."""
 
     def __init__(self, info: ArchiveInfo, blobs, entries, file_blobs):
         packer = msgpack.Packer(use_bin_type=True)
@@ -115,7 +116,7 @@ class IndexEncoding:
                     "kind": e.kind,
                     "key": e.key,
                     "name": e.name,
-                    "files": [[f.name, file_blobs[(i, j)]] for j, f in enumerate(e.files)],
+                    "files": [[f.name, blob] for f, blob in zip(e.files, file_blobs[i], strict=True)],
                     "meta": _entry_meta(e),
                 }
                 for i, e in enumerate(entries)
@@ -358,7 +359,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
         blobs.append(_new_tuple(BlobRef, raw_blob))
 
     entries: list[Entry] = []
-    file_blobs: dict[tuple[int, int], int] = {}
+    file_blobs: list[tuple[int, ...]] = []
     seen: set[tuple[str, str, str]] = set()
     claimed: dict[str, set[str]] = {}  # key -> file names written there: two entries must never write one file
     good_names: set[str] = set()  # names already validated (kernels of one template share their file names)
@@ -388,10 +389,10 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             raise ArchiveError(f"index: duplicate entry {key}/{name}", path)
         seen.add((key, kind, name))
         files: list[StoredFile] = []
+        numbers: list[int] = []
         names: set[str] = set()
         if not raw_files:
             raise ArchiveError(f"index: entries[{n}] has no files", path)
-        number = len(entries)
         for j, raw_file in enumerate(raw_files):
             if type(raw_file) is not list or len(raw_file) != 2:
                 raise ArchiveError(f"index: entries[{n}].files[{j}] is malformed", path)
@@ -407,7 +408,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             names.add(fname)
             ref = blobs[blob]
             files.append(_new_tuple(StoredFile, (fname, ref[2], ref[3])))
-            file_blobs[(number, j)] = blob
+            numbers.append(blob)
         if kind != GROUP and (len(files) != 1 or files[0].name != name):
             raise ArchiveError(f"index: entries[{n}] must hold exactly the file {name}", path)
         if kind == GROUP:
@@ -427,7 +428,8 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
             meta = _decode_meta(kind, _Fields(raw_meta or {}, f"entries[{n}].meta", path))
         entries.append(_new_frozen(Entry, {"kind": kind, "key": key, "name": name, "files": tuple(files),
                                            "kernel": None, "autotune": None, "stub": None, **meta}))
-    return Index(info, tuple(blocks), tuple(blobs), tuple(entries), file_blobs, unknown)
+        file_blobs.append(tuple(numbers))
+    return Index(info, tuple(blocks), tuple(blobs), tuple(entries), tuple(file_blobs), unknown)
 
 
 __all__ = ["Block", "BlobRef", "Index", "IndexEncoding", "decode_index", "decode_blocks", "read_block_table",

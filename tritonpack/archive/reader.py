@@ -103,7 +103,11 @@ class ArchiveReader:
         return self._index
 
     def blob_of(self, entry_number: int, file_number: int) -> int:
-        return self._index.file_blobs[(entry_number, file_number)]
+        return self._index.file_blobs[entry_number][file_number]
+
+    def entry_blobs(self, entry_number: int) -> tuple[int, ...]:
+        """The blob of each of an entry's files."""
+        return self._index.file_blobs[entry_number]
 
     # -- the data --
     def read_block(self, number: int, block: Block) -> bytes:

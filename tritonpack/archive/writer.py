@@ -198,7 +198,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     blocks: list[Block] = []
     blobs: list[BlobRef] = []
     by_digest: dict[bytes, int] = {}
-    file_blobs: dict[tuple[int, int], int] = {}
+    file_blobs = [[0] * len(e.files) for e in entries]  # by entry, the blob of each of its files
     stored: dict[tuple[int, int], StoredFile] = {}
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
     free: list[mmap.mmap] = []  # block buffers to reuse: no fresh pages to fault in for every block
@@ -287,7 +287,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
                         if cursor != place:
                             view[cursor:cursor + size] = view[place:place + size]  # a memmove
                         cursor += size
-                    file_blobs[(i, j)] = blob
+                    file_blobs[i][j] = blob
                     if on_file:
                         on_file(size)
             if len(blobs) > first_blob:  # even if all are empty files: their blobs point into this block
