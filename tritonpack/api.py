@@ -254,8 +254,8 @@ def unpack(
 
 
 def _taken(entry: Entry, blobs: tuple[int, ...], keep: list[int]) -> tuple[Entry, tuple[int, ...]]:
-    """An entry as a selection takes it (files ``keep``), with the blob of each file taken: the entry itself where
-    it is taken whole (the usual case, and a copy for each of thousands of entries otherwise)."""
+    """An entry as a selection takes it (its files ``keep``), and the blob of each file taken. An entry taken
+    whole, the usual case, is not copied: thousands of copies a run would be work for nothing."""
     if len(keep) == len(entry.files):
         return entry, blobs
     return replace(entry, files=tuple(entry.files[i] for i in keep)), tuple(blobs[i] for i in keep)
