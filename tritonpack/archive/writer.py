@@ -198,8 +198,9 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
     blocks: list[Block] = []
     blobs: list[BlobRef] = []
     by_digest: dict[bytes, int] = {}
-    file_blobs = [[0] * len(e.files) for e in entries]  # by entry, the blob of each of its files
-    stored: dict[tuple[int, int], StoredFile] = {}
+    # By entry, the blob of each of its files, and each file as the index records it; every one is set below.
+    file_blobs = [[0] * len(e.files) for e in entries]
+    stored: list[list[StoredFile | None]] = [[None] * len(e.files) for e in entries]
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
     free: list[mmap.mmap] = []  # block buffers to reuse: no fresh pages to fault in for every block
     bytes_in = 0
@@ -278,7 +279,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
                 for (i, j, source, place), digest in zip(batch, future.result(), strict=True):
                     size = source.size
                     bytes_in += size
-                    stored[(i, j)] = StoredFile(source.name, size, digest)
+                    stored[i][j] = StoredFile(source.name, size, digest)
                     blob = by_digest.get(digest)
                     if blob is None:
                         blob = by_digest[digest] = len(blobs)
@@ -299,7 +300,7 @@ def _write(out, entries, info, level, block_size, threads, on_file) -> WriteResu
             current = following if read_ahead else start_reading()
         # The index, but for its block table, is encoded and checked while the last blocks compress.
         model = tuple(
-            Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[(i, j)] for j in range(len(e.files))),
+            Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[i]),
                   kernel=e.kernel, autotune=e.autotune, stub=e.stub)
             for i, e in enumerate(entries)
         )
