@@ -3,6 +3,7 @@
 Ratios between separate runs of bench/perf.py mislead on shared machines (the same command moved 20% between two
 runs here); this runs the old and the new code alternately on the same cache and reports medians and new/old.
 Usage: python bench/compare_revisions.py ARCHIVE --old REV [--new-src DIR] [--rounds 7] [--work DIR] [--out F]
+       [--detect-gpus]
   ARCHIVE is unpacked once and measured as a cache (fixtures/torch-max-autotune-h200-triton36.tpack).
   --old REV: a git revision, extracted with git archive; or --old-src DIR: a tree that holds its tritonpack/.
   Both run as the console script does (``tritonpack.entry.run``, or ``tritonpack.cli.run`` before it existed).
@@ -41,6 +42,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--work", default=None)
     parser.add_argument("--target", default="cuda:90", help="for check")
+    parser.add_argument("--detect-gpus", action="store_true",
+                        help="check without --target: it detects the visible GPUs, as on a GPU host")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="tp-compare-", dir=args.work)
@@ -82,7 +85,7 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
             out = os.path.join(work, f"out-{runs}")
             argv = {"pack": ["pack", cache, "-o", archive, "-q"],
                     "unpack": ["unpack", archive, "--cache-dir", out, "--force", "-q"],
-                    "list": ["list", archive], "check": ["check", archive, "--target", args.target]}
+                    "list": ["list", archive], "check": ["check", archive, *([] if args.detect_gpus else ["--target", args.target])]}
             for name in CASES:
                 cmd, env = command(srcs[which], *argv[name])
                 start = time.perf_counter()
@@ -102,6 +105,7 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
         "old": args.old or args.old_src,
         "work": args.work or tempfile.gettempdir(),
         "rounds": args.rounds,
+        "check": "visible GPUs" if args.detect_gpus else f"--target {args.target}",
         "cases": cases,
         "bytes": {which: os.path.getsize(os.path.join(work, f"{which}.tpack")) for which in srcs},
     }

@@ -161,9 +161,36 @@ def test_nvidia_gpus_are_found_through_nvidia_smi_on_the_path(tmp_path, monkeypa
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path / "empty"), str(smi.parent)]))
     assert gpus._which("nvidia-smi") == str(smi)
-    assert sorted(gpus._nvidia()) == [("cuda", 80, 32), ("cuda", 90, 32), ("cuda", 90, 32)]
+    assert sorted(gpus._nvidia_answer(gpus._start_nvidia_smi())) == [("cuda", 80, 32), ("cuda", 90, 32),
+                                                                     ("cuda", 90, 32)]
+    assert gpus.visible_targets() == [("cuda", 80, 32), ("cuda", 90, 32)]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    assert gpus._nvidia() == []
+    assert gpus._start_nvidia_smi() is None and gpus.visible_targets() is None
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert gpus.visible_targets() is None  # a driver that does not answer: no GPU visible, as before
     smi.chmod(0o644)  # not executable: not a command
-    assert gpus._which("nvidia-smi") is None and gpus._nvidia() == []
+    assert gpus._which("nvidia-smi") is None and gpus._start_nvidia_smi() is None
+
+
+def test_gpu_probe_runs_beside_the_index_read_and_is_stopped_if_never_read(tmp_path, monkeypatch):
+    """The probe is started before the archive is read; an error before its answer is read stops it."""
+    from tritonpack import gpus
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nsleep 30\necho 9.0\n")
+    smi.chmod(0o755)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with gpus.GpuProbe() as probe:
+        started = probe._smi
+        assert started is not None and started.poll() is None  # running while the caller goes on
+    assert started.returncode is not None and started.stdout.closed  # stopped and reaped, its pipe closed
+
+    seen = []
+    start = gpus._start_nvidia_smi
+    monkeypatch.setattr(gpus, "_start_nvidia_smi", lambda: seen.append(start()) or seen[-1])
+    (tmp_path / "bad.tpack").write_bytes(b"not an archive")
+    with pytest.raises(tritonpack.TpackError):
+        tritonpack.check(tmp_path / "bad.tpack")  # the archive fails before the answer is read
+    assert len(seen) == 1 and seen[0].returncode is not None  # its probe was started, then stopped and reaped

@@ -20,6 +20,7 @@ from .triton_env import default_cache_dir
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
     from .compat import CheckReport, Environment
+    from .gpus import GpuProbe
     from .repair import RelocateReport, VerifyReport
 
 Progress = Callable[[int, int], None]  # (bytes done so far, bytes in all)
@@ -136,10 +137,12 @@ def open(path: str | os.PathLike) -> ArchiveReader:
     return ArchiveReader(open_source(path))
 
 
-def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = None) -> Environment:
+def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = None,
+                gpus: GpuProbe | None = None) -> Environment:
     """This machine as the preflight sees it: the local Triton's fingerprint and the GPU targets to check.
 
-    ``targets`` (``["cuda:90"]``) replaces GPU detection, for building images on machines without a GPU.
+    ``targets`` (``["cuda:90"]``) replaces GPU detection, for building images on machines without a GPU. ``gpus``:
+    a detection started earlier (``gpu_probe``), else it runs now.
     """
     from .compat import Environment
     from .fingerprint import local_triton
@@ -153,20 +156,29 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
             return Environment(local, [parse_target(t) for t in targets], "--target")
         except ValueError as e:
             raise UsageError(str(e)) from None
-    gpus = visible_targets()
-    return Environment(local, gpus, "gpu" if gpus else "none")
+    found = gpus.targets() if gpus is not None else visible_targets()
+    return Environment(local, found, "gpu" if found else "none")
+
+
+def gpu_probe(targets: list[str] | None):
+    """GPU detection started now, to be read by the preflight once the index is read; none with ``--target``."""
+    if targets:
+        return contextlib.nullcontext()
+    from .gpus import GpuProbe
+
+    return GpuProbe()
 
 
 def check(archive: str | os.PathLike, targets: list[str] | None = None) -> CheckReport:
     """Say, per entry, whether this environment's Triton will use it, and if not which factor differs."""
     from .compat import check_entries
 
-    with ArchiveReader(open_source(archive)) as reader:
-        return check_entries(reader.entries, reader.info, environment(reader.entries, targets))
+    with gpu_probe(targets) as gpus, ArchiveReader(open_source(archive)) as reader:
+        return check_entries(reader.entries, reader.info, environment(reader.entries, targets, gpus))
 
 
 def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selection = EVERYTHING,
-              force: bool = False) -> tuple[list[tuple[int, Entry]], CheckReport]:
+              force: bool = False, gpus: GpuProbe | None = None) -> tuple[list[tuple[int, Entry]], CheckReport]:
     """The selected entries to write, numbered as in the archive, and the check report behind the choice.
 
     Raises ``IncompatibleError`` when none of them would be used here, unless ``force``.
@@ -175,7 +187,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
 
     selected = [(n, e) for n, e in enumerate(reader.entries) if selection.wants(e)]
     entries = tuple(e for _, e in selected)
-    report = check_entries(entries, reader.info, environment(entries, targets))
+    report = check_entries(entries, reader.info, environment(entries, targets, gpus))
     if entries and not report.usable and not force:
         reason = report.reasons()[0][0]
         raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
@@ -219,8 +231,9 @@ def unpack(
     # Workers fork as soon as the block table is read, and decompress blocks while this process decodes the rest
     # of the index and compares the archive with the root.
     launcher = Launcher(root) if processes else None
-    with launcher or contextlib.nullcontext(), ArchiveReader(open_source(archive), on_blocks=launcher) as reader:
-        chosen, report = preflight(reader, targets, selection, force)
+    with gpu_probe(targets) as gpus, launcher or contextlib.nullcontext(), \
+            ArchiveReader(open_source(archive), on_blocks=launcher) as reader:
+        chosen, report = preflight(reader, targets, selection, force, gpus)
         entries = tuple(v.entry for v in report.verdicts)
         try:
             placements = [place(root, *_taken(e, reader.entry_blobs(n), selection.file_indices(e)), overwrite)
