@@ -85,7 +85,8 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
             out = os.path.join(work, f"out-{runs}")
             argv = {"pack": ["pack", cache, "-o", archive, "-q"],
                     "unpack": ["unpack", archive, "--cache-dir", out, "--force", "-q"],
-                    "list": ["list", archive], "check": ["check", archive, *([] if args.detect_gpus else ["--target", args.target])]}
+                    "list": ["list", archive],
+                    "check": ["check", archive, *([] if args.detect_gpus else ["--target", args.target])]}
             for name in CASES:
                 cmd, env = command(srcs[which], *argv[name])
                 start = time.perf_counter()

@@ -5,7 +5,6 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from . import __version__
@@ -14,7 +13,6 @@ from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, UsageError
 from .model import ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
-from .report import PackResult, UnpackResult, kind_counts
 from .selection import EVERYTHING, Selection
 from .triton_env import default_cache_dir
 
@@ -22,6 +20,7 @@ if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpac
     from .compat import CheckReport, Environment
     from .gpus import GpuProbe
     from .repair import RelocateReport, VerifyReport
+    from .report import PackResult, UnpackResult
 
 Progress = Callable[[int, int], None]  # (bytes done so far, bytes in all)
 
@@ -89,6 +88,7 @@ def pack(
     from .archive.writer import write_archive
     from .cacheroot import scan_cache
     from .fingerprint import local_triton
+    from .report import PackResult, kind_counts
     from .triton_env import python_info
 
     start = time.perf_counter()
@@ -100,7 +100,7 @@ def pack(
     if since is not None:
         scan.entries = [e for e in scan.entries if _newest(e) >= since]
     if not selection.everything:
-        scan.entries = [replace(e, files=tuple(e.files[i] for i in selection.file_indices(e)))
+        scan.entries = [e._replace(files=tuple(e.files[i] for i in selection.file_indices(e)))
                         for e in scan.entries if selection.wants(e)]
     targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
                if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
@@ -144,6 +144,8 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
     ``targets`` (``["cuda:90"]``) replaces GPU detection, for building images on machines without a GPU. ``gpus``:
     a detection started earlier (``gpu_probe``), else it runs now.
     """
+    import sysconfig
+
     from .compat import Environment
     from .fingerprint import local_triton
     from .gpus import parse_target, visible_targets
@@ -151,13 +153,14 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
     wanted = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in entries
               if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
     local = local_triton(wanted)
+    abi = (sysconfig.get_config_var("EXT_SUFFIX"), sysconfig.get_platform())
     if targets:
         try:
-            return Environment(local, [parse_target(t) for t in targets], "--target")
+            return Environment(local, [parse_target(t) for t in targets], "--target", *abi)
         except ValueError as e:
             raise UsageError(str(e)) from None
     found = gpus.targets() if gpus is not None else visible_targets()
-    return Environment(local, found, "gpu" if found else "none")
+    return Environment(local, found, "gpu" if found else "none", *abi)
 
 
 def gpu_probe(targets: list[str] | None):
@@ -224,6 +227,7 @@ def unpack(
     your own, a fork would copy whatever locks its native threads hold.
     """
     from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
+    from .report import UnpackResult, kind_counts
     from .workers import Launcher
 
     start = time.perf_counter()
@@ -271,7 +275,7 @@ def _taken(entry: Entry, blobs: tuple[int, ...], keep: list[int]) -> tuple[Entry
     whole, the usual case, is not copied: thousands of copies a run would be work for nothing."""
     if len(keep) == len(entry.files):
         return entry, blobs
-    return replace(entry, files=tuple(entry.files[i] for i in keep)), tuple(blobs[i] for i in keep)
+    return entry._replace(files=tuple(entry.files[i] for i in keep)), tuple(blobs[i] for i in keep)
 
 
 def verify(cache_dir: str | os.PathLike | None = None) -> VerifyReport:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .archive.reader import ArchiveReader
 from .errors import CacheError
@@ -26,8 +26,7 @@ CONFLICT = "conflict"  # different content present: kept
 REPLACE = "replace"  # different content present and overwrite asked: replaced
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """What unpacking will do with one entry, and which of its files must be written."""
 
     entry: Entry  # as selected: a binary-only unpack holds fewer files than the archive's entry
@@ -146,8 +145,7 @@ def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
         raise
 
 
-@dataclass(frozen=True)
-class Written:
+class Written(NamedTuple):
     files: int
     bytes: int
     placements: tuple[Placement, ...] = ()  # what was done in the end (see staging: entries are re-checked)

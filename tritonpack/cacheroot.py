@@ -10,8 +10,8 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 from .archive.index import valid_file_name
 from .errors import CacheError
@@ -29,8 +29,7 @@ _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 TOOL_DIR = ".tritonpack"  # tritonpack's own bookkeeping in a root (ensure's stamps and lock): not cache content
 
 
-@dataclass(frozen=True)
-class LocalFile:
+class LocalFile(NamedTuple):
     """A file of an entry found on disk; ``read`` is what the archive writer calls."""
 
     name: str
@@ -66,8 +65,7 @@ class LocalFile:
             os.close(fd)
 
 
-@dataclass(frozen=True)
-class LocalEntry:
+class LocalEntry(NamedTuple):
     """An entry found under a cache root, its files still on disk."""
 
     kind: str
@@ -84,21 +82,22 @@ class LocalEntry:
         return sum(f.size for f in self.files)
 
 
-@dataclass(frozen=True)
-class Skipped:
+class Skipped(NamedTuple):
     """Something under a root that is not packed, with the reason, so nothing is dropped silently."""
 
     path: str  # relative to the root
     reason: str
 
 
-@dataclass
 class CacheScan:
-    root: str
-    entries: list[LocalEntry] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    # child names found valid so far: the kernels of one template share them, and each is checked once
-    valid_names: set[str] = field(default_factory=set, repr=False, compare=False)
+    """What a scan of a root found, built up as it goes."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.entries: list[LocalEntry] = []
+        self.skipped: list[Skipped] = []
+        # child names found valid so far: the kernels of one template share them, and each is checked once
+        self.valid_names: set[str] = set()
 
     @property
     def foreign_manifests(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import UsageError
 from .safetext import printable, printable_lines
@@ -13,8 +13,7 @@ from .selection import Selection, parse_since
 Progress = Callable[[int, int], None]
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     out: str | None = None  # standard output, one write
     err: tuple[str, ...] = ()  # notes for people, on standard error before it
     code: int = 0

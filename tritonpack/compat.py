@@ -8,9 +8,8 @@ refused.
 from __future__ import annotations
 
 import re
-import sysconfig
 from collections import Counter
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .fingerprint import LocalTriton
 from .gpus import Target
@@ -23,8 +22,7 @@ ENV = "env"
 PYTHON = "python"
 
 
-@dataclass(frozen=True)
-class Mismatch:
+class Mismatch(NamedTuple):
     """One factor that differs, with both values, so the message explains the miss."""
 
     factor: str
@@ -36,8 +34,7 @@ class Mismatch:
         return f"{labels[self.factor]}: archive {self.archive}, here {self.here}"
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     entry: Entry
     mismatches: tuple[Mismatch, ...] = ()
 
@@ -46,19 +43,18 @@ class Verdict:
         return not self.mismatches
 
 
-@dataclass(frozen=True)
-class Environment:
-    """What this machine offers: the local Triton (``None`` if absent), its GPUs or the ``--target`` list."""
+class Environment(NamedTuple):
+    """What this machine offers: the local Triton (``None`` if absent), its GPUs or the ``--target`` list, and
+    the ABI that launcher stubs must match."""
 
     triton: LocalTriton | None
     targets: list[Target] | None  # None: no GPU visible and no --target
     targets_from: str  # "gpu", "--target" or "none"
-    ext_suffix: str | None = field(default_factory=lambda: sysconfig.get_config_var("EXT_SUFFIX"))
-    platform: str = field(default_factory=sysconfig.get_platform)
+    ext_suffix: str | None
+    platform: str
 
 
-@dataclass
-class CheckReport:
+class CheckReport(NamedTuple):
     verdicts: list[Verdict]
     unchecked: list[str]  # factors that could not be checked here, each said once
     environment: Environment

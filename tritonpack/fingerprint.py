@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Names of variables that may invalidate Triton's cache or change a backend hash: all those that Triton's
 # get_cache_invalidating_env_vars() knows begin with one of these.
@@ -24,12 +24,11 @@ _VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 FINGERPRINT_VERSION = 1
 
 
-@dataclass(frozen=True)
-class LocalTriton:
+class LocalTriton(NamedTuple):
     version: str
     key_sha256: str | None
-    backend_hashes: dict[str, str] = field(default_factory=dict)  # "cuda:90" -> backend.hash()
-    env: dict[str, str] = field(default_factory=dict)  # invalidating variables set now, as Triton records them
+    backend_hashes: dict[str, str]  # "cuda:90" -> backend.hash()
+    env: dict[str, str]  # invalidating variables set now, as Triton records them
     cached: bool = False  # served from the fingerprint cache
 
 

@@ -51,8 +51,8 @@ def info_to_dict(info: ArchiveInfo, digest: str) -> dict:
         "format_version": ".".join(map(str, info.format_version)),
         "created": info.created,
         "index_sha256": digest,
-        "python": vars(info.python) if info.python else None,
-        "triton": vars(info.triton) if info.triton else None,
+        "python": info.python._asdict() if info.python else None,
+        "triton": info.triton._asdict() if info.triton else None,
     }
 
 

@@ -13,7 +13,6 @@ backend hash all inputs that have it agree on. The merging host's own Triton is 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -169,7 +168,7 @@ def merge(
                     continue
                 if selection.binary_only:
                     kept = tuple(entry.files[i] for i in selection.file_indices(entry))
-                    entry = dataclasses.replace(entry, files=kept)
+                    entry = entry._replace(files=kept)
                 ident = entry.ident
                 if ident not in chosen:
                     chosen[ident] = (source, number, entry)

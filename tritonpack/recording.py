@@ -15,7 +15,6 @@ reported, since its entries are not files in Triton's layout.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import os
@@ -240,7 +239,7 @@ def retag_stubs(entries: Sequence[LocalEntry], python: PythonInfo | None) -> lis
     for e in entries:
         if e.kind == FILE and e.stub is not None and e.stub.role == "launcher":
             suffix = python.ext_suffix if e.stub.tag_from == "packer" else e.stub.ext_suffix
-            e = dataclasses.replace(e, stub=dataclasses.replace(e.stub, ext_suffix=suffix, platform=python.platform))
+            e = e._replace(stub=e.stub._replace(ext_suffix=suffix, platform=python.platform))
         out.append(e)
     return out
 
@@ -297,7 +296,9 @@ class RecordResult:
         return lines + self.producer_notes
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["not_packed"] = [s._asdict() for s in self.not_packed]  # named tuples: asdict keeps them as tuples
+        return d
 
 
 def _run(command: Sequence[str], env: Mapping[str, str], stdout: int | None) -> int:

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from .cacheroot import Skipped
@@ -39,8 +38,7 @@ def skipped_lines(skipped: list[Skipped], examples: int = 3) -> list[str]:
     return lines
 
 
-@dataclass
-class PackResult:
+class PackResult(NamedTuple):
     archive: str
     cache_dir: str
     entries: dict[str, int]  # kind -> count
@@ -49,9 +47,9 @@ class PackResult:
     bytes_in: int
     bytes_out: int
     seconds: float
-    skipped: list[Skipped] = field(default_factory=list)
-    foreign_manifests: int = 0
-    triton_version: str | None = None
+    skipped: list[Skipped]
+    foreign_manifests: int
+    triton_version: str | None
 
     @property
     def ratio(self) -> float:
@@ -73,14 +71,13 @@ class PackResult:
         return lines
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["skipped"] = [asdict(s) for s in self.skipped]
+        d = self._asdict()
+        d["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
         d["ratio"] = round(self.ratio, 3)
         return d
 
 
-@dataclass
-class UnpackResult:
+class UnpackResult(NamedTuple):
     archive: str
     cache_dir: str
     entries: int
@@ -92,12 +89,12 @@ class UnpackResult:
     files_written: int
     bytes_written: int
     seconds: float
-    kinds: dict[str, int] = field(default_factory=dict)
-    unknown_entries: int = 0
-    not_used: list[tuple[str, int]] = field(default_factory=list)  # (reason, entries) left out by the preflight
-    not_used_entries: int = 0
-    forced: int = 0  # entries written although the preflight says they will not be used
-    unchecked: list[str] = field(default_factory=list)
+    kinds: dict[str, int]
+    unknown_entries: int
+    not_used: list[tuple[str, int]]  # (reason, entries) left out by the preflight
+    not_used_entries: int
+    forced: int  # entries written although the preflight says they will not be used
+    unchecked: list[str]
 
     def summary(self) -> str:
         parts = [f"{self.written} written", f"{self.present} already present"]
@@ -131,7 +128,7 @@ class UnpackResult:
         return lines
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
 
 def kind_counts(kinds) -> dict[str, int]:

@@ -28,7 +28,6 @@ import errno
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .cachedest import (
@@ -63,10 +62,12 @@ _Targets = dict[int, list[tuple[str, "str | None", int, int]]]  # blob -> (direc
 _Record = Callable[[int, int, int, str], None]  # entry, file (or MANIFEST), size, temp path
 
 
-@dataclass
 class _Staged:
-    files: dict[int, str] = field(default_factory=dict)  # file index -> temp path
-    manifest: str | None = None
+    """An entry's files staged so far, filled in as workers finish them."""
+
+    def __init__(self) -> None:
+        self.files: dict[int, str] = {}  # file index -> temp path
+        self.manifest: str | None = None
 
 
 def _existing_ancestor(path: str) -> str:

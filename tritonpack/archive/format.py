@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ArchiveError, UnsupportedFormatError
 
@@ -25,8 +25,7 @@ MAX_BLOCK_SIZE = 256 * 1024 * 1024
 MAX_NAME_BYTES = 255
 
 
-@dataclass(frozen=True)
-class Trailer:
+class Trailer(NamedTuple):
     index_offset: int
     index_length: int
     index_size: int

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import re
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgpack
@@ -36,8 +35,7 @@ MAX_META_DEPTH = 32  # reader policy: autotune values are printed and turned int
 KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     """One independently decodable zstd frame in the data region."""
 
     offset: int
@@ -55,8 +53,7 @@ class BlobRef(NamedTuple):
     sha256: bytes
 
 
-@dataclass(frozen=True)
-class Index:
+class Index(NamedTuple):
     info: ArchiveInfo
     blocks: tuple[Block, ...]
     blobs: tuple[BlobRef, ...]
@@ -101,7 +98,7 @@ class IndexEncoding:
             "format": "tpack",
             "version": list(info.format_version),
             "producer": _drop_none({"tritonpack": info.tritonpack, "created": info.created}),
-            "python": None if info.python is None else _drop_none(vars(info.python)),
+            "python": None if info.python is None else _drop_none(info.python._asdict()),
             "triton": None if info.triton is None else {
                 "version": info.triton.version,
                 "key_sha256": info.triton.key_sha256,
@@ -163,17 +160,9 @@ def _as_tuple(types) -> tuple:
 
 
 _UNSAFE = re.compile(r"[/\\\x00]")
-# Builds a named tuple from checked values without its Python-level __new__: three times as fast, and the index
-# decode makes one per blob and per file.
+# Builds a named tuple from checked values, every field given in order, without its Python-level __new__: three
+# times as fast, and the index decode makes one per blob and per file, and two per kernel.
 _new_tuple = tuple.__new__
-
-
-def _new_frozen(cls, fields: dict):
-    """A frozen dataclass from checked values, every field given, without its ``__init__`` (which sets each field
-    through ``object.__setattr__``): 6 times as fast for a ``KernelInfo``, and the decode makes two a kernel."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
 
 
 def valid_file_name(name: Any) -> bool:
@@ -244,23 +233,24 @@ def _kernel_fast(m: dict) -> KernelInfo | None:
         value = m.get(name)
         if value is not None and type(value) is not str:
             return None
-    return _new_frozen(KernelInfo, {
-        "backend": m.get("backend"), "arch": arch, "warp_size": m.get("warp_size"), "num_warps": m.get("num_warps"),
-        "num_stages": m.get("num_stages"), "num_ctas": m.get("num_ctas"), "shared": m.get("shared"),
-        "triton_version": m.get("triton_version"), "hash": m.get("hash"), "env": env})
+    return _new_tuple(KernelInfo, (
+        m.get("backend"), arch, m.get("warp_size"), m.get("num_warps"), m.get("num_stages"), m.get("num_ctas"),
+        m.get("shared"), m.get("triton_version"), m.get("hash"), env))
 
 
-def _decode_meta(kind: str, meta: _Fields) -> dict:
+def _decode_meta(kind: str, meta: _Fields) -> tuple[KernelInfo | None, AutotuneInfo | None, StubInfo | None]:
+    """An entry's ``(kernel, autotune, stub)``, one of them set by its kind; the first problem raises."""
     if kind == GROUP:
         env = meta.get("env", dict, False) or {}
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ArchiveError(f"index: {meta.where}.env has the wrong type", meta.path)
         arch = meta.get("arch", (int, str), False)
-        return {"kernel": KernelInfo(
+        return KernelInfo(
             backend=meta.get("backend", str, False), arch=arch, warp_size=meta.uint("warp_size", False),
             num_warps=meta.uint("num_warps", False), num_stages=meta.uint("num_stages", False),
             num_ctas=meta.uint("num_ctas", False), shared=meta.uint("shared", False),
-            triton_version=meta.get("triton_version", str, False), hash=meta.get("hash", str, False), env=env)}
+            triton_version=meta.get("triton_version", str, False), hash=meta.get("hash", str, False),
+            env=env), None, None
     if kind == AUTOTUNE:
         for name in ("tuning_key", "best_config"):
             if _depth(meta.data.get(name)) > MAX_META_DEPTH:
@@ -268,13 +258,13 @@ def _decode_meta(kind: str, meta: _Fields) -> dict:
         timing = meta.get("best_timing", list, False) or []
         if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in timing):
             raise ArchiveError(f"index: {meta.where}.best_timing has the wrong type", meta.path)
-        return {"autotune": AutotuneInfo(
+        return None, AutotuneInfo(
             function=meta.get("function", str), tuning_key=meta.get("tuning_key", list, False) or [],
             configs=meta.uint("configs", False) or 0, best_config=meta.get("best_config", dict, False) or {},
-            best_timing=[float(t) for t in timing])}
-    return {"stub": StubInfo(
+            best_timing=[float(t) for t in timing]), None
+    return None, None, StubInfo(
         role=meta.get("role", str), ext_suffix=meta.get("ext_suffix", str, False),
-        platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False))}
+        platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False))
 
 
 def decode_blocks(raw_blocks: list, path: str) -> list[Block]:
@@ -421,13 +411,12 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
         taken |= names
         kernel = _kernel_fast(raw_meta) if kind == GROUP and type(raw_meta) is dict else None
         if kernel is not None:
-            meta = {"kernel": kernel}
+            meta = (kernel, None, None)
         else:
             if raw_meta is not None and type(raw_meta) is not dict:
                 raise ArchiveError(f"index: entries[{n}].meta has the wrong type", path)
             meta = _decode_meta(kind, _Fields(raw_meta or {}, f"entries[{n}].meta", path))
-        entries.append(_new_frozen(Entry, {"kind": kind, "key": key, "name": name, "files": tuple(files),
-                                           "kernel": None, "autotune": None, "stub": None, **meta}))
+        entries.append(_new_tuple(Entry, (kind, key, name, tuple(files), *meta)))
         file_blobs.append(tuple(numbers))
     return Index(info, tuple(blocks), tuple(blobs), tuple(entries), tuple(file_blobs), unknown)
 

@@ -13,8 +13,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import zstandard
 
@@ -63,8 +62,7 @@ class SourceEntry(Protocol):
     stub: StubInfo | None
 
 
-@dataclass(frozen=True)
-class WriteResult:
+class WriteResult(NamedTuple):
     entries: tuple[Entry, ...]
     files: int
     blobs: int
