@@ -5,6 +5,7 @@ partial unpack costs in proportion to what it takes.
 """
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import re
 import time
@@ -76,8 +77,6 @@ def parse_since(text: str, now: float | None = None) -> float:
     match = _DURATION.fullmatch(value)
     if match:
         return (time.time() if now is None else now) - float(match.group(1)) * _SECONDS[match.group(2)]
-    import datetime  # only for a date: 3 ms of every command's start otherwise
-
     try:
         moment = datetime.datetime.fromisoformat(value)
     except ValueError:
