@@ -163,7 +163,7 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
     return Environment(local, found, "gpu" if found else "none", *abi)
 
 
-def gpu_probe(targets: list[str] | None):
+def gpu_probe(targets: list[str] | None) -> contextlib.AbstractContextManager[GpuProbe | None]:
     """GPU detection started now, to be read by the preflight once the index is read; none with ``--target``."""
     if targets:
         return contextlib.nullcontext()
