@@ -144,16 +144,16 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
     ``targets`` (``["cuda:90"]``) replaces GPU detection, for building images on machines without a GPU. ``gpus``:
     a detection started earlier (``gpu_probe``), else it runs now.
     """
-    import sysconfig
-
     from .compat import Environment
     from .fingerprint import local_triton
     from .gpus import parse_target, visible_targets
+    from .triton_env import python_info
 
     wanted = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in entries
               if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
     local = local_triton(wanted)
-    abi = (sysconfig.get_config_var("EXT_SUFFIX"), sysconfig.get_platform())
+    here = python_info()
+    abi = (here.ext_suffix, here.platform)
     if targets:
         try:
             return Environment(local, [parse_target(t) for t in targets], "--target", *abi)

@@ -45,8 +45,7 @@ def _nvidia_answer(smi) -> list[Target]:
     try:
         out, _ = smi.communicate(timeout=20)
     except subprocess.TimeoutExpired:
-        smi.kill()
-        smi.communicate()
+        _stop(smi)
         return []
     if smi.returncode != 0:
         return []
@@ -56,6 +55,12 @@ def _nvidia_answer(smi) -> list[Target]:
         if major.isdigit() and minor.isdigit():
             targets.append(("cuda", int(major) * 10 + int(minor), 32))
     return targets
+
+
+def _stop(smi) -> None:
+    """Kill a started nvidia-smi and reap it, its pipe closed."""
+    smi.kill()
+    smi.communicate()
 
 
 def _amd() -> list[Target]:
@@ -99,8 +104,7 @@ class GpuProbe:
 
     def close(self) -> None:
         if self._smi is not None:
-            self._smi.kill()
-            self._smi.communicate()
+            _stop(self._smi)
             self._smi = None
 
     def __enter__(self) -> GpuProbe:
