@@ -5,9 +5,10 @@ blocks decode while the parent plans. ``Launcher`` forks the workers as soon as 
 (``ArchiveReader(on_blocks=...)``), each with a first block (the largest first), which it decompresses at once
 while the parent decodes the rest of the index, checks it, and compares the archive with the root.
 ``StagingWorkers.stage`` then sends each worker the plan of its item (each blob's place and sha256 in the block,
-and where its files go; or all the manifests), and further items with their plans, costliest first, to whichever
-worker reports back; a block decompressed ahead that the plan does not need is dropped. Workers verify every blob,
-write temp files only (``staging.StageWriter``) and report each one; the parent commits and cleans up:
+and where its files go; or a share of the manifests), and further items with their plans, costliest first, to
+whichever worker reports back (before the parent records what it reported); a block decompressed ahead that the
+plan does not need is dropped. Workers verify every blob, write temp files only (``staging.StageWriter``) and
+report each one; the parent commits and cleans up:
 
 - a worker that fails removes its unreported temp files and sends its error; the others finish their item;
 - a worker that dies is named by its signal, and the parent sweeps this run's temp names;
@@ -34,7 +35,7 @@ from .errors import CacheError
 from .forking import cores, die_with, fork_safe
 from .staging import MANIFEST, StageWriter
 
-MANIFESTS = -1  # the item that writes every manifest (blocks are numbered from 0)
+MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
 _HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now; stage this item so; end
 
@@ -119,8 +120,8 @@ def _reuse_block_memory() -> None:
 def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: bytes | None,
                 plan: Plan) -> list[tuple[int, int, int, str]]:
     """Stage one item as planned: the files of block ``number`` (``data``: the block decompressed ahead, if it
-    was), each blob verified first; or, with no block, all the manifests. A function of its own so that nothing
-    of the block outlives it: a worker holds one at a time."""
+    was), each blob verified first; or, with no block, a share of the manifests. A function of its own so that
+    nothing of the block outlives it: a worker holds one at a time."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
     if block is None:
@@ -187,8 +188,9 @@ class StagingWorkers:
     def __init__(self, reader, root: str, blocks: list[Block], count: int):
         self.reader = reader
         self.blocks = blocks
-        # Blocks largest first, the first ``count`` decompressed at once; the manifests, planned later, after them.
-        self.items = [*sorted(range(len(blocks)), key=lambda n: blocks[n].size, reverse=True), MANIFESTS]
+        # Blocks largest first, the first ``count`` decompressed at once; the manifests, planned later, after them
+        # in ``count`` shares: small items that even out the workers' last rounds.
+        self.items = [*sorted(range(len(blocks)), key=lambda n: blocks[n].size, reverse=True), *[MANIFESTS] * count]
         self.children: dict[int, tuple[int, int, int]] = {}  # results pipe -> (pid, commands pipe, hinted item)
         parent = os.getpid()
         for part in range(count):
@@ -223,35 +225,42 @@ class StagingWorkers:
         """Stage every planned file (``targets``: blob -> where it goes) and manifest (directory, name, entry
         number, entry) through the workers; ``record`` each temp file as it is reported. Raises the first error,
         after the other workers have finished their item (their files recorded, for the caller to clean up)."""
-        plans: dict[int, Plan] = {}
-        costs: dict[int, int] = {}
         by_block = self.reader.blocks_of(targets)
         refs = self.reader.index.blobs
+        shares = [number for number, item in enumerate(self.items) if item == MANIFESTS]
+        share = -(-len(manifests) // len(shares))
+        manifests_of = {number: manifests[k * share:(k + 1) * share] for k, number in enumerate(shares)}
+
+        def plan_of(number: int) -> Plan:
+            if self.items[number] == MANIFESTS:
+                return [(directory, name, n, os.path.join(w.root, entry.key, ""), [f.name for f in entry.files])
+                        for directory, name, n, entry in manifests_of[number]]
+            return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, targets[blob])
+                    for blob in by_block[self.items[number]]]
+
+        costs: dict[int, int] = {}  # the items to stage, by cost (a block with nothing to write, all in place or not
+        # taken, is dropped)
         for number, item in enumerate(self.items):
             if item == MANIFESTS:
-                if manifests:
-                    plans[number] = [(directory, name, n, os.path.join(w.root, entry.key, ""),
-                                      [f.name for f in entry.files]) for directory, name, n, entry in manifests]
-                    costs[number] = 2 * FILE_COST * len(manifests)  # a manifest is built, then written
-            elif item in by_block:  # a block with nothing to write (all in place, or not taken) is dropped
-                plans[number] = [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, targets[blob])
-                                 for blob in by_block[item]]
-                costs[number] = self.blocks[item].size + FILE_COST * sum(len(where) for *_, where in plans[number])
+                if manifests_of[number]:
+                    costs[number] = FILE_COST * len(manifests_of[number])
+            elif item in by_block:
+                costs[number] = self.blocks[item].size + FILE_COST * sum(len(targets[b]) for b in by_block[item])
         hinted = {child[2] for child in self.children.values()}
-        queue = deque(sorted((n for n in plans if n not in hinted), key=costs.__getitem__, reverse=True))
+        queue = deque(sorted((n for n in costs if n not in hinted), key=costs.__getitem__, reverse=True))
         error: BaseException | None = None
 
         def follow(commands: int, number: int | None) -> None:
             """Send a worker its item's plan, or tell it to end."""
             if number is None:
                 number = queue.popleft() if queue and error is None else None
-            message = (_STOP,) if number is None else (_PLAN, number, w.lock.pid, w.lock.token, plans[number])
+            message = (_STOP,) if number is None else (_PLAN, number, w.lock.pid, w.lock.token, plan_of(number))
             with contextlib.suppress(BrokenPipeError):  # it died: the end of its results pipe tells
                 _send(commands, message)
 
         try:
             for _, commands, number in self.children.values():
-                follow(commands, number if number in plans else None)
+                follow(commands, number if number in costs else None)
             while self.children:
                 ready, _, _ = select.select(list(self.children), [], [])
                 for fd in ready:
@@ -272,10 +281,10 @@ class StagingWorkers:
 
                         error = error or pickle.loads(data)
                         continue
+                    follow(commands, None)  # its next item first: the bookkeeping waits, not the worker
                     for n, i, size, temp in data:
                         w.temps.add(temp)
                         record(n, i, size, temp)
-                    follow(commands, None)
             if error is not None:
                 raise error
         except BaseException:
