@@ -3,10 +3,11 @@
 Ratios between separate runs of bench/perf.py mislead on shared machines (the same command moved 20% between two
 runs here); this runs the old and the new code alternately on the same cache and reports medians and new/old.
 Usage: python bench/compare_revisions.py ARCHIVE --old REV [--new-src DIR] [--rounds 7] [--work DIR] [--out F]
-       [--detect-gpus]
+       [--detect-gpus] [--arch TARGET]
   ARCHIVE is unpacked once and measured as a cache (fixtures/torch-max-autotune-h200-triton36.tpack).
   --old REV: a git revision, extracted with git archive; or --old-src DIR: a tree that holds its tritonpack/.
   Both run as the console script does (``tritonpack.entry.run``, or ``tritonpack.cli.run`` before it existed).
+  --arch TARGET: also a partial unpack, of that target's kernels alone (a multi-target archive's one of three).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--target", default="cuda:90", help="for check")
     parser.add_argument("--detect-gpus", action="store_true",
                         help="check without --target: it detects the visible GPUs, as on a GPU host")
+    parser.add_argument("--arch", default=None, help="also time an unpack of this target alone")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="tp-compare-", dir=args.work)
@@ -58,9 +60,8 @@ def main() -> None:
         report = measure(args, srcs, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for name in CASES:
-        r = report["cases"][name]
-        print(f"{name:8s} old {r['old']:7.3f} s   new {r['new']:7.3f} s   new/old {r['ratio']:.2f}")
+    for name, r in report["cases"].items():
+        print(f"{name:13s} old {r['old']:7.3f} s   new {r['new']:7.3f} s   new/old {r['ratio']:.2f}")
     print(f"archive bytes: old {report['bytes']['old']}, new {report['bytes']['new']}")
     if args.out:
         with open(args.out, "w") as f:
@@ -76,7 +77,8 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
         subprocess.run(cmd, env=env, check=True, cwd=work)
     for src in srcs.values():  # bytecode, as pip writes at install (PYTHONDONTWRITEBYTECODE would skip it)
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(src, "tritonpack")], check=True)
-    samples: dict[str, dict[str, list[float]]] = {name: {"old": [], "new": []} for name in CASES}
+    cases = (*CASES, "unpack --arch") if args.arch else CASES
+    samples: dict[str, dict[str, list[float]]] = {name: {"old": [], "new": []} for name in cases}
     runs = 0
     for round_number in range(args.rounds):
         for which in ("old", "new") if round_number % 2 == 0 else ("new", "old"):
@@ -86,8 +88,10 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
             argv = {"pack": ["pack", cache, "-o", archive, "-q"],
                     "unpack": ["unpack", archive, "--cache-dir", out, "--force", "-q"],
                     "list": ["list", archive],
-                    "check": ["check", archive, *([] if args.detect_gpus else ["--target", args.target])]}
-            for name in CASES:
+                    "check": ["check", archive, *([] if args.detect_gpus else ["--target", args.target])],
+                    "unpack --arch": ["unpack", archive, "--cache-dir", out + "-arch", "--force", "-q",
+                                      "--arch", args.arch or ""]}
+            for name in cases:
                 cmd, env = command(srcs[which], *argv[name])
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -95,10 +99,11 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
                 if proc.returncode not in (0, 5, 6):  # check: 5/6 when entries are for other targets
                     raise SystemExit(f"{which} {name} failed: {proc.stderr.decode()}")
             shutil.rmtree(out)
-    cases = {}
+            shutil.rmtree(out + "-arch", ignore_errors=True)
+    results = {}
     for name, by in samples.items():
         old, new = statistics.median(by["old"]), statistics.median(by["new"])
-        cases[name] = {"old": round(old, 3), "new": round(new, 3), "ratio": round(new / old, 3)}
+        results[name] = {"old": round(old, 3), "new": round(new, 3), "ratio": round(new / old, 3)}
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
@@ -107,7 +112,8 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
         "work": args.work or tempfile.gettempdir(),
         "rounds": args.rounds,
         "check": "visible GPUs" if args.detect_gpus else f"--target {args.target}",
-        "cases": cases,
+        "arch": args.arch,
+        "cases": results,
         "bytes": {which: os.path.getsize(os.path.join(work, f"{which}.tpack")) for which in srcs},
     }
 
