@@ -95,6 +95,26 @@ def test_blocks_decoded_ahead_but_not_needed_are_dropped(tmp_path, archive, thre
     assert all(snapshot(root)[rel][2] == complete[rel][2] for rel in complete)
 
 
+def test_the_manifests_go_out_in_a_share_a_worker(tmp_path, archive, three_workers, monkeypatch):
+    """Small last items even out the workers' ends: each manifest is written once, in one of three shares."""
+    log = tmp_path / "shares.log"
+    real = workers._stage_item
+
+    def logged(w, reader, number, block, data, plan):
+        if block is None:  # runs in a worker: an appended line is the parent's to read
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.write(fd, f"{len(plan)}\n".encode())
+            os.close(fd)
+        return real(w, reader, number, block, data, plan)
+
+    monkeypatch.setattr(workers, "_stage_item", logged)
+    tritonpack.unpack(archive, tmp_path / "root", processes=True)
+    groups = sum(1 for p in (tmp_path / "root").rglob("__grp__*.json"))
+    shares = [int(line) for line in log.read_text().split()]
+    assert len(shares) == 3 and sum(shares) == groups and max(shares) - min(shares) <= 1
+    assert no_child_left()
+
+
 def test_progress_counts_every_file_once(tmp_path, archive, three_workers):
     seen = []
     result = tritonpack.unpack(archive, tmp_path / "root", processes=True,

@@ -228,8 +228,8 @@ class StagingWorkers:
         by_block = self.reader.blocks_of(targets)
         refs = self.reader.index.blobs
         shares = [number for number, item in enumerate(self.items) if item == MANIFESTS]
-        share = -(-len(manifests) // len(shares))
-        manifests_of = {number: manifests[k * share:(k + 1) * share] for k, number in enumerate(shares)}
+        cuts = [len(manifests) * k // len(shares) for k in range(len(shares) + 1)]
+        manifests_of = {number: manifests[cuts[k]:cuts[k + 1]] for k, number in enumerate(shares)}
 
         def plan_of(number: int) -> Plan:
             if self.items[number] == MANIFESTS:
