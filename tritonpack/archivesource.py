@@ -123,6 +123,7 @@ def archive_entry(reader: ArchiveReader, source: int, number: int, entry: Entry,
                   keep: Sequence[int] | None = None) -> ArchiveEntry:
     """``keep``: indices of the files to take (binary-only); all by default."""
     keep = range(len(entry.files)) if keep is None else keep
-    files = tuple(ArchiveFile(entry.files[j].name, entry.files[j].size, store, source, reader.blob_of(number, j),
+    blobs = reader.entry_blobs(number)
+    files = tuple(ArchiveFile(entry.files[j].name, entry.files[j].size, store, source, blobs[j],
                               f"{reader.path}:{entry.key}/{entry.files[j].name}") for j in keep)
     return ArchiveEntry(entry.kind, entry.key, entry.name, files, entry.kernel, entry.autotune, entry.stub)
