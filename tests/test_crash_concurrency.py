@@ -22,15 +22,26 @@ sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 
 
 def test_kill_9_at_random_points(fast_tmp, compiled_root):
+    """At least 3 kills must land mid-run. The kills are aimed by timed runs made first; on a noisy machine those
+    can run slower than the trials (once, in CI, 8 of 10 kills came after the run had ended), so a batch that
+    lands fewer is followed by another, with a new seed, up to three."""
     from crash_trials import run_trials
 
     seed = int(time.time())
-    summary = run_trials(trials=10, copies=4, work=str(fast_tmp), seed=seed, log=lambda line: None,
-                         source=str(compiled_root))
-    bad = [r for r in summary["results"] if r["problems"]]
-    assert not bad, (seed, bad)
-    assert summary["killed_mid_run"] >= 3, (seed, summary["phases"])
-    assert summary["reruns"] == 7  # every trial but the fresh ones, whose killed roots the next trial resumes
+    killed, phases = 0, []
+    for batch in range(3):
+        work = fast_tmp / f"batch{batch}"
+        work.mkdir()
+        summary = run_trials(trials=10, copies=4, work=str(work), seed=seed + batch, log=lambda line: None,
+                             source=str(compiled_root))
+        bad = [r for r in summary["results"] if r["problems"]]
+        assert not bad, (seed + batch, bad)
+        assert summary["reruns"] == 7  # every trial but the fresh ones, whose killed roots the next trial resumes
+        killed += summary["killed_mid_run"]
+        phases.append(summary["phases"])
+        if killed >= 3:
+            break
+    assert killed >= 3, (seed, phases)
 
 
 def _python(code: str) -> list[str]:
