@@ -295,3 +295,17 @@ def test_fresh_key_directories_appear_whole_and_existing_ones_are_completed(tmp_
     assert sorted(p.name for p in root.iterdir()) == keys
     again = tritonpack.unpack(archive, root)
     assert again.present == again.entries
+
+
+def test_the_free_space_check_counts_each_manifest_exactly(tmp_path):
+    """``manifest_size`` counts without building the bytes where every path is plain ASCII, and builds them
+    otherwise: both are the length of what unpack writes."""
+    from tritonpack.cachedest import manifest_bytes, manifest_size
+    from tritonpack.model import GROUP, Entry, StoredFile
+
+    for names in (["k.json", "k.cubin", "k.ptx"], ["k.json"], ["k é.json"], ['k"q.json', "k\\b.json"],
+                  ["k\x01.json", "k.json"]):
+        entry = Entry(GROUP, "A" * 52, "k", tuple(StoredFile(n, 1, bytes(32)) for n in names), None, None, None)
+        for root in (str(tmp_path), str(tmp_path / "ü"), str(tmp_path / 'a"b')):
+            assert manifest_size(root, entry) == len(manifest_bytes(root, entry)), (root, names)
+

@@ -322,22 +322,28 @@ def write_staged(
             else:
                 stage_dirs[key] = w.stage_dir()
 
-        def job(n: int, name: str) -> tuple[str, str | None]:
-            """Where entry ``n`` writes ``name``: its staging directory, or a temp name in its key directory."""
+        def where(n: int) -> tuple[str, bool]:
+            """Where entry ``n`` writes: its staging directory (under final names, True), or its key directory
+            (under temp names, False)."""
             key = placements[n].entry.key
-            return (stage_dirs[key], name) if key in stage_dirs else (os.path.join(root, key), None)
+            return (stage_dirs[key], True) if key in stage_dirs else (os.path.join(root, key), False)
 
-        # blob -> (directory, name, entry, file) of each file it makes, worked out before any block decodes: the
-        # loop over the blobs then does as little a file as it can (it shares the interpreter lock with the
-        # writers).
+        # blob -> (directory, name or None for a temp name, entry, file) of each file it makes, worked out before
+        # any block decodes: the loop over the blobs then does as little a file as it can (it shares the
+        # interpreter lock with the writers), and so does this one (an entry's place once, not once a file).
         targets: dict[int, list[tuple[str, str | None, int, int]]] = {}
         for n in active:
             p = placements[n]
+            directory, named = where(n)
+            files, blobs = p.entry.files, p.blobs
             for i in p.files:
-                targets.setdefault(p.blobs[i], []).append((*job(n, p.entry.files[i].name), n, i))
+                targets.setdefault(blobs[i], []).append((directory, files[i].name if named else None, n, i))
 
-        manifest_jobs = [(*job(n, manifest_name(placements[n].entry.name)), n, placements[n].entry)
-                         for n in manifests]
+        manifest_jobs = []
+        for n in manifests:
+            directory, named = where(n)
+            entry = placements[n].entry
+            manifest_jobs.append((directory, manifest_name(entry.name) if named else None, n, entry))
 
         def record(n: int, i: int, size: int, temp: str) -> None:
             if i == MANIFEST:
