@@ -309,3 +309,18 @@ def test_the_free_space_check_counts_each_manifest_exactly(tmp_path):
         for root in (str(tmp_path), str(tmp_path / "ü"), str(tmp_path / 'a"b')):
             assert manifest_size(root, entry) == len(manifest_bytes(root, entry)), (root, names)
 
+
+def test_only_an_absent_or_empty_root_is_planned_without_a_look_at_each_key(tmp_path, archive):
+    """A fresh root (absent, or empty as a new volume is) skips the look at each key directory; anything in it,
+    even a stray file, and each key is looked at. The commit compares again either way (tests/test_faults.py)."""
+    from tritonpack.cachedest import holds_nothing
+
+    root = tmp_path / "root"
+    assert holds_nothing(str(root))
+    root.mkdir()
+    assert holds_nothing(str(root))
+    (root / "notes.txt").write_text("not a key\n")
+    assert not holds_nothing(str(root))
+    result = tritonpack.unpack(archive, root)
+    assert result.written == result.entries and (root / "notes.txt").read_text() == "not a key\n"
+    assert tritonpack.unpack(archive, root).present == result.entries

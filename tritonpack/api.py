@@ -226,7 +226,7 @@ def unpack(
     and the archive is a local file, as the ``tritonpack`` command does. Off by default: inside a program of
     your own, a fork would copy whatever locks its native threads hold.
     """
-    from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, materialize, place
+    from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, holds_nothing, materialize, place
     from .report import UnpackResult, kind_counts
     from .workers import Launcher
 
@@ -240,8 +240,9 @@ def unpack(
         chosen, report = preflight(reader, targets, selection, force, gpus)
         entries = tuple(v.entry for v in report.verdicts)
         try:
-            placements = [place(root, *_taken(e, reader.entry_blobs(n), selection.file_indices(e)), overwrite)
-                          for n, e in chosen]
+            fresh = holds_nothing(root)
+            placements = [place(root, *_taken(e, reader.entry_blobs(n), selection.file_indices(e)), overwrite,
+                                fresh) for n, e in chosen]
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.entry.files[i].size for p in placements for i in p.files)

@@ -91,8 +91,24 @@ def _read_manifest(path: str):
         return {}
 
 
-def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool) -> Placement:
-    """Compare one entry with what the root holds and decide what to do."""
+def holds_nothing(root: str) -> bool:
+    """Whether the root is absent or empty, as at a pod's start: then no key directory needs a look. Each look at
+    one that is not there is a failing system call and a Python exception: 10 us on 2 cores, a few a key."""
+    try:
+        with os.scandir(root) as names:
+            return next(names, None) is None
+    except FileNotFoundError:
+        return True
+    except OSError:  # the looks key by key then meet it and say what it is
+        return False
+
+
+def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool, fresh: bool = False) -> Placement:
+    """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
+    the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
+    another writer is still found."""
+    if fresh:
+        return Placement(entry, blobs, WRITE, tuple(range(len(entry.files))))
     key_dir = os.path.join(root, entry.key)
     if os.path.islink(key_dir):  # never write through a link out of the root, even with overwrite
         return Placement(entry, blobs, CONFLICT)

@@ -37,6 +37,7 @@ from .cachedest import (
     WRITE,
     Placement,
     Written,
+    holds_nothing,
     manifest_bytes,
     manifest_size,
     place,
@@ -300,7 +301,9 @@ def write_staged(
     """Stage everything the placements need, then commit entry by entry. ``OSError`` propagates (the caller maps
     it to ``CacheError``); whatever fails, no temp file of this run is left behind. ``workers``: forked worker
     processes (a ``workers.Launcher``'s) to stage with, instead of this process's threads."""
-    clean_stale(root, sorted({p.entry.key for p in placements}))
+    fresh = holds_nothing(root)  # then nothing to clean up, and no key directory there yet
+    if not fresh:
+        clean_stale(root, sorted({p.entry.key for p in placements}))
     active = [n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)]
     if not active:
         return Written(0, 0, tuple(placements))
@@ -317,7 +320,7 @@ def write_staged(
         stage_dirs: dict[str, str] = {}  # key -> its staging directory, for keys the root lacks
         for key in by_key:
             key_dir = os.path.join(root, key)
-            if os.path.lexists(key_dir):
+            if not fresh and os.path.lexists(key_dir):
                 w.ensure_dir(key_dir)
             else:
                 stage_dirs[key] = w.stage_dir()
