@@ -1,7 +1,8 @@
 """Generate a large, realistic Triton cache from real compiles, no GPU needed.
 
 Inductor-like kernels: fused pointwise chains (`triton_poi_fused_*`), row reductions (`triton_red_fused_*`) and
-tiled matmuls with several block/warp/stage configs, each compiled for cuda:80, cuda:90 and hip:gfx942. The kernel
+matmuls in Inductor's template with fused epilogues, each shape at six of Inductor's max-autotune configs (half the
+groups, as in a real max-autotune cache), each compiled for cuda:80, cuda:90 and hip:gfx942. The kernel
 sources are generated into a module file (Triton reads a kernel's source through inspect), deterministic per seed.
 Usage: python bench/make_large_cache.py OUT_DIR [--kernels 1200] [--jobs 2]
 """
@@ -25,15 +26,18 @@ OPS = [("add", "{a} + {b}"), ("mul", "{a} * {b}"), ("sub", "{a} - {b}"), ("max",
 
 
 def _pointwise(i: int, rng: random.Random) -> tuple[str, str, int]:
-    inputs = rng.randint(1, 4)
-    ops = [rng.choice(OPS) for _ in range(rng.randint(2, 7))]
+    """A fused pointwise chain whose inputs broadcast along rows or columns, as Inductor's do."""
+    inputs = rng.randint(1, 6)
+    ops = [rng.choice(OPS) for _ in range(rng.randint(3, 12))]
     name = f"triton_poi_fused_{'_'.join(o[0] for o in ops[:4])}_{i}"
     args = ", ".join(f"in_ptr{k}" for k in range(inputs))
     lines = ["@triton.jit", f"def {name}({args}, out_ptr0, xnumel, XBLOCK: tl.constexpr):",
              "    xoffset = tl.program_id(0) * XBLOCK", "    xindex = xoffset + tl.arange(0, XBLOCK)",
-             "    xmask = xindex < xnumel"]
+             "    xmask = xindex < xnumel", f"    x0 = xindex % {rng.choice(MM_DIMS)}",
+             f"    x1 = xindex // {rng.choice(MM_DIMS)}"]
     for k in range(inputs):
-        lines.append(f"    tmp{k} = tl.load(in_ptr{k} + xindex, xmask).to(tl.float32)")
+        where = rng.choice(("xindex", "xindex", "x0", "x1"))
+        lines.append(f"    tmp{k} = tl.load(in_ptr{k} + {where}, xmask).to(tl.float32)")
     cur = "tmp0"
     for n, (_, expr) in enumerate(ops):
         other = f"tmp{rng.randrange(inputs)}"
@@ -44,55 +48,121 @@ def _pointwise(i: int, rng: random.Random) -> tuple[str, str, int]:
 
 
 def _reduction(i: int, rng: random.Random) -> tuple[str, str, int]:
-    red = rng.choice(["sum", "max", "min"])
-    ops = [rng.choice(OPS[4:]) for _ in range(rng.randint(1, 4))]
+    """A looped row reduction over two inputs (a row and a broadcast weight), as Inductor's ``triton_red``."""
+    red, combine, init = rng.choice([("sum", "{a} + {b}", "0.0"), ("max", "tl.maximum({a}, {b})", "float('-inf')"),
+                                     ("min", "tl.minimum({a}, {b})", "float('inf')")])
+    ops = [rng.choice(OPS) for _ in range(rng.randint(1, 6))]
     name = f"triton_red_fused_{red}_{'_'.join(o[0] for o in ops[:3])}_{i}"
-    lines = ["@triton.jit", f"def {name}(in_ptr0, out_ptr0, rnumel, RBLOCK: tl.constexpr):",
-             "    row = tl.program_id(0)", "    rindex = tl.arange(0, RBLOCK)", "    rmask = rindex < rnumel",
-             "    x = tl.load(in_ptr0 + row * rnumel + rindex, rmask, other=0.0).to(tl.float32)"]
+    lines = ["@triton.jit",
+             f"def {name}(in_ptr0, in_ptr1, out_ptr0, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):",
+             "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "    xmask = xindex < xnumel",
+             "    rbase = tl.arange(0, RBLOCK)[None, :]", f"    acc = tl.full([XBLOCK, RBLOCK], {init}, tl.float32)",
+             "    for roffset in range(0, rnumel, RBLOCK):", "        rindex = roffset + rbase",
+             "        rmask = rindex < rnumel",
+             "        x = tl.load(in_ptr0 + (rindex + rnumel * xindex), rmask & xmask, other=0.0).to(tl.float32)",
+             "        w = tl.load(in_ptr1 + rindex, rmask, eviction_policy='evict_last', other=0.0).to(tl.float32)"]
     cur = "x"
     for n, (_, expr) in enumerate(ops):
-        lines.append(f"    t{n} = {expr.format(a=cur, b='x')}")
+        lines.append(f"        t{n} = {expr.format(a=cur, b='w')}")
         cur = f"t{n}"
-    lines.append(f"    tl.store(out_ptr0 + row, tl.{red}({cur}, axis=0))")
-    return name, "\n".join(lines), 1
+    lines += [f"        acc = tl.where(rmask & xmask, {combine.format(a='acc', b=cur)}, acc)",
+              f"    tl.store(out_ptr0 + xindex, tl.{red}(acc, 1)[:, None], xmask)"]
+    return name, "\n".join(lines), 2
 
 
-def _matmul(i: int, rng: random.Random) -> tuple[str, str, int]:
-    epilogue = rng.choice(["acc", "tl.maximum(acc, 0.0)", "acc * 0.5", "tl.sigmoid(acc)", "acc + 1.0"])
-    name = f"triton_tem_fused_mm_{i}"
+# Inductor's matmul configs for max-autotune, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): each matmul
+# shape is compiled at several of them, as autotuning does.
+MM_CONFIGS = [(32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8), (64, 32, 128, 5, 4),
+              (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8), (64, 64, 128, 5, 4), (64, 128, 32, 3, 4),
+              (64, 128, 32, 4, 8), (64, 128, 64, 3, 4), (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8),
+              (128, 128, 32, 2, 8), (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8)]
+MM_CONFIGS_PER_SHAPE = 6
+MM_DIMS = (512, 768, 1000, 1024, 2048, 3072, 4096, 8192)
+EPILOGUES = [("", "acc"), ("relu", "tl.maximum(acc, 0.0)"), ("addmm", "acc + bias"),
+             ("addmm_relu", "tl.maximum(acc + bias, 0.0)"),
+             ("addmm_gelu", "(acc + bias) * tl.sigmoid(1.702 * (acc + bias))"),
+             ("add", "acc + res"), ("mul_sigmoid", "acc * tl.sigmoid(res)")]
+
+
+def _matmul(i: int, rng: random.Random) -> tuple[str, str, dict]:
+    """Inductor's mm template: grouped launch order, strides and sizes folded in as constants (Inductor bakes
+    them into each kernel's source), masked K tail, and a fused epilogue that may load a bias or a residual."""
+    tag, epilogue = rng.choice(EPILOGUES)
+    m, n, k = (rng.choice(MM_DIMS) for _ in range(3))
+    name = f"triton_tem_fused_mm_{tag}_{i}" if tag else f"triton_mm_{i}"
+    loads = []
+    if "bias" in epilogue:
+        loads.append("    bias = tl.load(in_ptr0 + idx_n, mask, eviction_policy='evict_last').to(tl.float32)")
+    if "res" in epilogue:
+        loads.append("    res = tl.load(in_ptr0 + xindex, mask).to(tl.float32)")
     src = f"""@triton.jit
-def {name}(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+def {name}(in_ptr0, arg_A, arg_B, out_ptr0, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    M = {m}
+    N = {n}
+    K = {k}
+    stride_am = {k}
+    stride_ak = 1
+    stride_bk = {n}
+    stride_bn = 1
+    pid = tl.program_id(0)
+    grid_m = (M + BLOCK_M - 1) // BLOCK_M
+    grid_n = (N + BLOCK_N - 1) // BLOCK_N
+    width = GROUP_M * grid_n
+    group_id = pid // width
+    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
+    pid_m = group_id * GROUP_M + (pid % group_size)
+    pid_n = (pid % width) // (group_size)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+    rbn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    a = a_ptr + rm[:, None] * K + rk[None, :]
-    b = b_ptr + rk[:, None] * N + rn[None, :]
+    A = arg_A + (ram[:, None] * stride_am + rk[None, :] * stride_ak)
+    B = arg_B + (rk[:, None] * stride_bk + rbn[None, :] * stride_bn)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, tl.cdiv(K, BLOCK_K)):
-        acc += tl.dot(tl.load(a), tl.load(b))
-        a += BLOCK_K
-        b += BLOCK_K * N
+    for k in range(K, 0, -BLOCK_K):
+        if EVEN_K:
+            a = tl.load(A)
+            b = tl.load(B)
+        else:
+            a = tl.load(A, mask=rk[None, :] < k, other=0.)
+            b = tl.load(B, mask=rk[:, None] < k, other=0.)
+        acc += tl.dot(a, b)
+        A += BLOCK_K * stride_ak
+        B += BLOCK_K * stride_bk
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    idx_m = rm[:, None]
+    idx_n = rn[None, :]
+    mask = (idx_m < M) & (idx_n < N)
+    xindex = idx_n + N * idx_m
+{chr(10).join(loads) if loads else "    pass"}
     acc = {epilogue}
-    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(tl.float16))"""
-    return name, src, 0
+    tl.store(out_ptr0 + tl.broadcast_to(xindex, mask.shape), acc.to(out_ptr0.dtype.element_ty), mask)"""
+    configs = rng.sample(MM_CONFIGS, MM_CONFIGS_PER_SHAPE)
+    return name, src, {"k": k, "configs": configs, "dtype": rng.choice(("*fp16", "*bf16"))}
 
 
 def generate_module(path: str, kernels: int, seed: int) -> list[tuple]:
-    """Write the kernel module; return compile jobs (kernel name, kind, inputs, variant) for ~``kernels`` groups."""
+    """Write the kernel module; return compile jobs (kernel name, kind, details, variant) for ~``kernels`` groups.
+
+    Half of each target's groups are matmul configurations, as in a real max-autotune cache (413 of the 780
+    groups of fixtures/torch-max-autotune-h200-triton36.tpack); the rest are pointwise and reduction kernels."""
     rng = random.Random(seed)
     per_target = max(1, kernels // 3)
-    n_mm = per_target // 4 // 4  # 4 configs each: a quarter of the groups
-    n_red = per_target // 4 // 2  # 2 configs each
-    n_poi = (per_target - n_mm * 4 - n_red * 2) // 2  # 2 configs each
+    n_mm = max(1, per_target // 2 // MM_CONFIGS_PER_SHAPE)
+    rest = max(0, per_target - n_mm * MM_CONFIGS_PER_SHAPE)
+    n_red = rest // 2 // 2  # 2 configs each
+    n_poi = (rest - n_red * 2) // 2  # 2 configs each
     parts = ["import triton", "import triton.language as tl", ""]
     jobs = []
     for kind, count, make, variants in (("poi", n_poi, _pointwise, 2), ("red", n_red, _reduction, 2),
-                                        ("mm", n_mm, _matmul, 4)):
+                                        ("mm", n_mm, _matmul, MM_CONFIGS_PER_SHAPE)):
         for i in range(count):
-            name, src, inputs = make(i, rng)
+            name, src, details = make(i, rng)
             parts += [src, ""]
-            jobs += [(name, kind, inputs, v) for v in range(variants)]
+            jobs += [(name, kind, details, v) for v in range(variants)]
     with open(path, "w") as f:
         f.write("\n".join(parts))
     return jobs
@@ -110,23 +180,25 @@ def _compile(args) -> int:
     spec.loader.exec_module(module)
     targets = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)]
     done = 0
-    for name, kind, inputs, variant in chunk:
+    for name, kind, details, variant in chunk:
         fn = getattr(module, name)
         if kind == "poi":
             dtype = ("*fp32", "*fp16")[variant % 2]
-            sig = {f"in_ptr{k}": dtype for k in range(inputs)}
+            sig = {f"in_ptr{k}": dtype for k in range(details)}
             sig.update({"out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"})
             consts, options = {"XBLOCK": (1024, 256)[variant]}, {"num_warps": (4, 2)[variant]}
         elif kind == "red":
-            sig = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "rnumel": "i32", "RBLOCK": "constexpr"}
-            consts, options = {"RBLOCK": (1024, 2048)[variant]}, {"num_warps": (4, 8)[variant]}
+            sig = {"in_ptr0": ("*fp32", "*bf16")[variant], "in_ptr1": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32",
+                   "rnumel": "i32", "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
+            consts = {"XBLOCK": (1, 8)[variant], "RBLOCK": (2048, 512)[variant]}
+            options = {"num_warps": (8, 4)[variant]}
         else:
-            sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32",
-                   "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
-            bm, bn, bk, warps, stages = [(64, 64, 32, 4, 3), (128, 64, 32, 4, 4), (128, 128, 64, 8, 3),
-                                         (64, 128, 64, 4, 4)][variant]
-            consts, options = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, {"num_warps": warps,
-                                                                              "num_stages": stages}
+            dtype = details["dtype"]
+            sig = {"in_ptr0": dtype, "arg_A": dtype, "arg_B": dtype, "out_ptr0": dtype, "GROUP_M": "constexpr",
+                   "EVEN_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+            bm, bn, bk, stages, warps = details["configs"][variant]
+            consts = {"GROUP_M": 8, "EVEN_K": details["k"] % bk == 0, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+            options = {"num_warps": warps, "num_stages": stages}
         for target in targets:
             src = ASTSource(fn=fn, signature=sig, constexprs=consts)
             triton.compile(src, target=target, options=options)
