@@ -1,7 +1,7 @@
 """Generate a large, realistic Triton cache from real compiles, no GPU needed.
 
 Inductor-like kernels: fused pointwise chains (`triton_poi_fused_*`), row reductions (`triton_red_fused_*`) and
-matmuls in Inductor's template with fused epilogues, each shape at six of Inductor's max-autotune configs (half the
+matmuls in Inductor's template with fused epilogues, each shape at all 19 of Inductor's max-autotune configs (half the
 groups, as in a real max-autotune cache), each compiled for cuda:80, cuda:90 and hip:gfx942. The kernel
 sources are generated into a module file (Triton reads a kernel's source through inspect), deterministic per seed.
 Usage: python bench/make_large_cache.py OUT_DIR [--kernels 1200] [--jobs 2]
@@ -70,15 +70,17 @@ def _reduction(i: int, rng: random.Random) -> tuple[str, str, int]:
     return name, "\n".join(lines), 2
 
 
-# Inductor's matmul configs for max-autotune, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): each matmul
-# shape is compiled at several of them, as autotuning does.
+# Inductor's matmul configs for max-autotune, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): autotuning
+# compiles each matmul shape at every one of them.
 MM_CONFIGS = [(32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8), (64, 32, 128, 5, 4),
               (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8), (64, 64, 128, 5, 4), (64, 128, 32, 3, 4),
               (64, 128, 32, 4, 8), (64, 128, 64, 3, 4), (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8),
               (128, 128, 32, 2, 8), (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8)]
-MM_CONFIGS_PER_SHAPE = 6
-MM_DIMS = (512, 768, 1000, 1024, 2048, 3072, 4096, 8192)
-EPILOGUES = [("", "acc"), ("relu", "tl.maximum(acc, 0.0)"), ("addmm", "acc + bias"),
+# A transformer's matmuls, forward and backward: tokens (8192), model width (1024), and 3x and 4x the width.
+MM_DIMS = (1024, 3072, 4096, 8192)
+# Most of a model's matmuls fuse nothing or a bias; a few fuse an activation or a residual.
+EPILOGUES = [("", "acc"), ("", "acc"), ("", "acc"), ("addmm", "acc + bias"), ("addmm", "acc + bias"),
+             ("relu", "tl.maximum(acc, 0.0)"),
              ("addmm_relu", "tl.maximum(acc + bias, 0.0)"),
              ("addmm_gelu", "(acc + bias) * tl.sigmoid(1.702 * (acc + bias))"),
              ("add", "acc + res"), ("mul_sigmoid", "acc * tl.sigmoid(res)")]
@@ -140,8 +142,7 @@ def {name}(in_ptr0, arg_A, arg_B, out_ptr0, GROUP_M: tl.constexpr, EVEN_K: tl.co
 {chr(10).join(loads) if loads else "    pass"}
     acc = {epilogue}
     tl.store(out_ptr0 + tl.broadcast_to(xindex, mask.shape), acc.to(out_ptr0.dtype.element_ty), mask)"""
-    configs = rng.sample(MM_CONFIGS, MM_CONFIGS_PER_SHAPE)
-    return name, src, {"k": k, "configs": configs, "dtype": rng.choice(("*fp16", "*bf16"))}
+    return name, src, {"k": k, "dtype": "*bf16"}
 
 
 def generate_module(path: str, kernels: int, seed: int) -> list[tuple]:
@@ -151,14 +152,14 @@ def generate_module(path: str, kernels: int, seed: int) -> list[tuple]:
     groups of fixtures/torch-max-autotune-h200-triton36.tpack); the rest are pointwise and reduction kernels."""
     rng = random.Random(seed)
     per_target = max(1, kernels // 3)
-    n_mm = max(1, per_target // 2 // MM_CONFIGS_PER_SHAPE)
-    rest = max(0, per_target - n_mm * MM_CONFIGS_PER_SHAPE)
+    n_mm = max(1, per_target // 2 // len(MM_CONFIGS))
+    rest = max(0, per_target - n_mm * len(MM_CONFIGS))
     n_red = rest // 2 // 2  # 2 configs each
     n_poi = (rest - n_red * 2) // 2  # 2 configs each
     parts = ["import triton", "import triton.language as tl", ""]
     jobs = []
     for kind, count, make, variants in (("poi", n_poi, _pointwise, 2), ("red", n_red, _reduction, 2),
-                                        ("mm", n_mm, _matmul, MM_CONFIGS_PER_SHAPE)):
+                                        ("mm", n_mm, _matmul, len(MM_CONFIGS))):
         for i in range(count):
             name, src, details = make(i, rng)
             parts += [src, ""]
@@ -196,7 +197,7 @@ def _compile(args) -> int:
             dtype = details["dtype"]
             sig = {"in_ptr0": dtype, "arg_A": dtype, "arg_B": dtype, "out_ptr0": dtype, "GROUP_M": "constexpr",
                    "EVEN_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
-            bm, bn, bk, stages, warps = details["configs"][variant]
+            bm, bn, bk, stages, warps = MM_CONFIGS[variant]
             consts = {"GROUP_M": 8, "EVEN_K": details["k"] % bk == 0, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
             options = {"num_warps": warps, "num_stages": stages}
         for target in targets:
