@@ -142,6 +142,27 @@ def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, 
            {k: v[2] for k, v in out.items() if "__grp__" not in k}
 
 
+def test_files_are_laid_out_by_type_then_size_then_target(tmp_path, compiled_root):
+    """spec §6.3: blobs lie in the order of (rank, type, size, target) of the first file that holds them, so that a
+    kernel's files for several targets sit side by side instead of a target's files of one type in one run."""
+    from tritonpack.archive.writer import SLOW_FIRST
+
+    tritonpack.pack(compiled_root, tmp_path / "k.tpack")
+    with tritonpack.open(tmp_path / "k.tpack") as reader:
+        first: dict[int, tuple] = {}
+        for n, entry in enumerate(reader.entries):
+            for f, blob in zip(entry.files, reader.entry_blobs(n), strict=True):
+                ext = f.name.rpartition(".")[2]
+                rank = SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)
+                key = (rank, ext, f.size, entry.target or "")
+                first[blob] = min(first.get(blob, key), key)
+        refs = reader.index.blobs
+        assert [(refs[b].block, refs[b].offset) for b in sorted(first)] == sorted((r.block, r.offset) for r in refs)
+        keys = [first[b] for b in sorted(first)]
+    assert keys == sorted(keys)
+    assert len({k[3] for k in keys if k[3]}) >= 2  # several targets, interleaved by size
+
+
 def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled_root, monkeypatch):
     """A slow block must not hold back the next ones (their buffers are reused at once), yet the file keeps block
     order: same bytes as one thread, and finished outputs that wait for a slow one stay bounded."""

@@ -77,11 +77,13 @@ SLOW_FIRST = ("cubin", "hsaco", "ptx", "amdgcn", "llir")
 
 def _layout_order(entries: Sequence[SourceEntry]) -> list[tuple[int, int]]:
     """``(entry, file)`` numbers in the order that puts alike bytes together: by type (slow ones first), then
-    target, then size.
+    size, then target.
 
-    Files of one type and target with about the same size are mostly the same kernel template at the same
-    configuration (other shapes, other constants): side by side, zstd's match finder sees them within its
-    reach. On a real max-autotune cache this ordering is 14% smaller than ordering by name."""
+    Files of one type with about the same size are mostly the same kernel template at the same configuration
+    (other shapes, other constants, other targets): side by side, zstd's match finder sees them within its reach.
+    On a real max-autotune cache this ordering is 14% smaller than ordering by name. Size before target keeps a
+    kernel's files for several targets near each other: multi-target archives of the bench's synthetic caches
+    came out 5.2% and 5.8% smaller than with target before size (archives of one target are the same bytes)."""
     ranks: dict[str, int] = {}
     keys = []
     for i, entry in enumerate(entries):
@@ -96,7 +98,7 @@ def _layout_order(entries: Sequence[SourceEntry]) -> list[tuple[int, int]]:
             rank = ranks.get(ext)
             if rank is None:
                 rank = ranks[ext] = SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)
-            keys.append((rank, ext, target, source.size, name, entry.key, i, j))
+            keys.append((rank, ext, source.size, target, name, entry.key, i, j))
     keys.sort()
     return [(key[6], key[7]) for key in keys]
 
