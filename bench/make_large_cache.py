@@ -1,9 +1,10 @@
 """Generate a large, realistic Triton cache from real compiles, no GPU needed.
 
 Inductor-like kernels: fused pointwise chains (`triton_poi_fused_*`), row reductions (`triton_red_fused_*`) and
-matmuls in Inductor's template with fused epilogues, each shape at all 19 of Inductor's max-autotune configs (half the
-groups, as in a real max-autotune cache), each compiled for cuda:80, cuda:90 and hip:gfx942. The kernel
-sources are generated into a module file (Triton reads a kernel's source through inspect), deterministic per seed.
+matmuls of a transformer's shapes in Inductor's template with fused epilogues, each shape at all 19 of Inductor's
+max-autotune configs (half the groups, as in a real max-autotune cache), each compiled for cuda:80, cuda:90 and
+hip:gfx942. The kernel sources are generated into a module file (Triton reads a kernel's source through inspect),
+deterministic per seed.
 Usage: python bench/make_large_cache.py OUT_DIR [--kernels 1200] [--jobs 2]
 """
 from __future__ import annotations
@@ -87,8 +88,9 @@ EPILOGUES = [("", "acc"), ("", "acc"), ("", "acc"), ("addmm", "acc + bias"), ("a
 
 
 def _matmul(i: int, rng: random.Random) -> tuple[str, str, dict]:
-    """Inductor's mm template: grouped launch order, strides and sizes folded in as constants (Inductor bakes
-    them into each kernel's source), masked K tail, and a fused epilogue that may load a bias or a residual."""
+    """Inductor's mm template: grouped launch order, sizes and strides folded in as constants (Inductor bakes
+    them into each kernel's source), and a fused epilogue that may load a bias or a residual. The template's
+    masked K tail stays in the source; with these sizes every K is a multiple of every BLOCK_K."""
     tag, epilogue = rng.choice(EPILOGUES)
     m, n, k = (rng.choice(MM_DIMS) for _ in range(3))
     name = f"triton_tem_fused_mm_{tag}_{i}" if tag else f"triton_mm_{i}"
