@@ -152,7 +152,8 @@ def test_files_are_laid_out_by_type_then_size_then_target(tmp_path, compiled_roo
         first: dict[int, tuple] = {}
         for n, entry in enumerate(reader.entries):
             for f, blob in zip(entry.files, reader.entry_blobs(n), strict=True):
-                ext = "autotune.json" if f.name.endswith(".autotune.json") else f.name.rpartition(".")[2]
+                _, dot, ext = f.name.rpartition(".")
+                ext = "autotune.json" if f.name.endswith(".autotune.json") else ext if dot else ""
                 rank = SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)
                 key = (rank, ext, f.size, entry.target or "")
                 first[blob] = min(first.get(blob, key), key)
