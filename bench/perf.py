@@ -11,6 +11,8 @@ Usage: python bench/perf.py CACHE_DIR_OR_ARCHIVE [--rounds 7] [--out bench/resul
   A real cache ships as an archive: fixtures/torch-max-autotune-h200-triton36.tpack (torch.compile max-autotune
   of a 4-block transformer on an H200, bench/make_torch_cache.py) is unpacked first and measured as a cache.
   A synthetic multi-target one: python bench/make_large_cache.py /tmp/large --kernels 1200
+Every round also packs with ``--splice-ptx`` (cubins without the PTX text they embed, format 1.1) and unpacks that
+archive in full: its goals are reported beside the default's ("splice-ptx: ...").
 """
 from __future__ import annotations
 
@@ -141,10 +143,11 @@ def measure(args, work: str) -> None:
 
     targets = sorted({e.kernel.target for e in scan_cache(cache).entries if e.kernel})
     one_arch = targets[0] if len(targets) > 1 else None  # partial unpack: one target of several
-    paths = {name: os.path.join(work, name) for name in ("zst19", "zst3", "tpack", "out")}
+    paths = {name: os.path.join(work, name) for name in ("zst19", "zst3", "tpack", "spliced", "out")}
     paths["zst19"] += ".tar.zst"
     paths["zst3"] += ".tar.zst"
     paths["tpack"] += ".tpack"
+    paths["spliced"] += ".tpack"
     counter = iter(range(10**6))
     out = paths["out"]
 
@@ -155,8 +158,8 @@ def measure(args, work: str) -> None:
         out = os.path.join(work, f"out-{next(counter)}")
         os.makedirs(out)
 
-    def unpack(*extra):
-        return lambda: [*tp, "unpack", paths["tpack"], "--cache-dir", out, "-q", "--force", *extra]
+    def unpack(*extra, archive="tpack"):
+        return lambda: [*tp, "unpack", paths[archive], "--cache-dir", out, "-q", "--force", *extra]
 
     cases = {
         "tar | zstd -19 -T0": (f"tar -C {cache} -cf - . | {zstd(19)} > {paths['zst19']}", None),
@@ -170,6 +173,8 @@ def measure(args, work: str) -> None:
         "tritonpack list": ([*tp, "list", paths["tpack"]], None),
         "tritonpack list --json": ([*tp, "list", paths["tpack"], "--json"], None),
         "tritonpack check": ([*tp, "check", paths["tpack"], "--target", targets[0] if targets else "cuda:90"], None),
+        "tritonpack pack --splice-ptx": ([*tp, "pack", cache, "-o", paths["spliced"], "-q", "--splice-ptx"], None),
+        "tritonpack unpack (--splice-ptx archive)": (unpack(archive="spliced"), fresh_out),
     }
     samples: dict[str, list[tuple[float, int]]] = {}
     # Untimed: the first pack on a machine fingerprints the local Triton for these targets (it imports Triton,
@@ -192,6 +197,10 @@ def measure(args, work: str) -> None:
         memory["tritonpack pack"] = tree_memory([*tp, "pack", cache, "-o", paths["tpack"], "-q"])
         fresh_out()
         memory["tritonpack unpack"] = tree_memory(unpack()())
+        memory["tritonpack pack --splice-ptx"] = tree_memory([*tp, "pack", cache, "-o", paths["spliced"],
+                                                              "-q", "--splice-ptx"])
+        fresh_out()
+        memory["tritonpack unpack (--splice-ptx archive)"] = tree_memory(unpack(archive="spliced")())
     files, size = dir_stats(cache)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
               "source": args.cache, "targets": targets, "work": os.path.dirname(work),
@@ -204,7 +213,8 @@ def measure(args, work: str) -> None:
                                  "peak_rss_mb": round(max(r[1] for r in runs) / 2**20, 1)}
     sizes = {"tar | zstd -19 -T0": os.path.getsize(paths["zst19"]),
              "tar | zstd -3 -T0": os.path.getsize(paths["zst3"]),
-             "tritonpack pack": os.path.getsize(paths["tpack"])}
+             "tritonpack pack": os.path.getsize(paths["tpack"]),
+             "tritonpack pack --splice-ptx": os.path.getsize(paths["spliced"])}
     for name, tree in memory.items():
         result["cases"][name].update(tree)
     for name, n in sizes.items():
@@ -227,11 +237,21 @@ def measure(args, work: str) -> None:
         "one arch / full unpack (<= 0.4 for 1 of 3)":
             round(c[f"tritonpack unpack --arch {one_arch}"]["seconds"] / full, 3) if one_arch else None,
         "binary-only / full unpack": round(c["tritonpack unpack --binary-only"]["seconds"] / full, 3),
+        "splice-ptx: archive bytes / tar|zstd-19 (<= 0.6)":
+            round(sizes["tritonpack pack --splice-ptx"] / sizes["tar | zstd -19 -T0"], 3),
+        "splice-ptx: pack time / tar|zstd-3 (<= 2.0)":
+            round(c["tritonpack pack --splice-ptx"]["seconds"] / c["tar | zstd -3 -T0"]["seconds"], 3),
+        "splice-ptx: unpack time / tar -x (<= 1.0)":
+            round(c["tritonpack unpack (--splice-ptx archive)"]["seconds"] / c["tar -x (.tar.zst -19)"]["seconds"], 3),
+        "splice-ptx: peak memory of the pack process tree (summed PSS), MB (<= 256)":
+            c["tritonpack pack --splice-ptx"].get("peak_tree_pss_mb"),
+        "splice-ptx: peak memory of the unpack process tree (summed PSS), MB (<= 256)":
+            c["tritonpack unpack (--splice-ptx archive)"].get("peak_tree_pss_mb"),
     }
     print(f"cache: {files} files, {size / 1e6:.1f} MB, {result['cache']['kernels']} kernels")
-    print(f"{'case':<36} {'seconds':>8} {'peak MB':>8} {'bytes':>12}")
+    print(f"{'case':<42} {'seconds':>8} {'peak MB':>8} {'bytes':>12}")
     for name, v in c.items():
-        print(f"{name:<36} {v['seconds']:8.3f} {v['peak_rss_mb']:8.1f} {v.get('bytes', ''):>12}")
+        print(f"{name:<42} {v['seconds']:8.3f} {v['peak_rss_mb']:8.1f} {v.get('bytes', ''):>12}")
     for goal, value in result["goals"].items():
         print(f"{goal:<45} {value}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -139,6 +139,7 @@ TYPER_FORMS = [
 PARSED_FORMS = [
     ["pack"], ["pack", "{a}", "-o", "x.tpack", "--level", "3", "--arch", "90", "--arch=gfx942", "--kernel", "t*",
                "--binary-only", "--since", "12h", "--json", "-q"], ["pack", "--output=y", "--level=+5", "--quiet"],
+    ["pack", "{a}", "--splice-ptx", "-o", "x.tpack"],
     ["unpack", "{a}"], ["unpack", "--force", "{a}", "--overwrite", "--target", "cuda:90", "--cache-dir", "/r",
                         "--kernel", "a", "--kernel", "b", "--binary-only", "--json"],
     ["check", "{a}", "--target", "cuda:90", "--target=hip:gfx942", "--quiet"], ["list", "--json", "{a}"],

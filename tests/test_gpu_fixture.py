@@ -14,7 +14,7 @@ from tritonpack.selection import Selection
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
-from make_golden import GOLDEN, write  # noqa: E402
+from make_golden import GOLDEN, GOLDEN_SPLICE, write  # noqa: E402
 
 
 def test_gpu_cache_round_trip(tmp_path, gpu_cache):
@@ -68,23 +68,28 @@ def test_gpu_cache_resolves_through_tritons_cache_manager(tmp_path, gpu_cache, m
                 assert manager.get_file(entry.name) == str(root / entry.key / entry.name)
 
 
-def test_golden_archive_is_reproduced_byte_for_byte(tmp_path):
+@pytest.mark.parametrize("splice_ptx", [False, True])
+def test_golden_archive_is_reproduced_byte_for_byte(tmp_path, splice_ptx):
     again = tmp_path / "again.tpack"
-    write(again)
-    assert again.read_bytes() == GOLDEN.read_bytes()
+    write(again, splice_ptx)
+    assert again.read_bytes() == (GOLDEN_SPLICE if splice_ptx else GOLDEN).read_bytes()
 
 
-@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("h200-triton36-v1.0-index12-writer.tpack"),
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN_SPLICE, GOLDEN.with_name("h200-triton36-v1.0-index12-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-size-order-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-ldm-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-early-writer.tpack")],
-                         ids=["current-writer", "index12-writer", "size-order-writer", "ldm-writer", "early-writer"])
+                         ids=["current-writer", "splice-ptx", "index12-writer", "size-order-writer", "ldm-writer",
+                              "early-writer"])
 def test_golden_archive_reads(tmp_path, gpu_cache, golden):
-    """The current writer's golden and those of earlier 1.0 writers: the first (8 MiB blocks, level 3), the second
-    (level 7 with long-distance matching, files by name), the third (types in name order, zstd's level 8) and the
-    fourth (today's layout, the index at level 12)."""
+    """The current writer's goldens (as pack writes it, and with --splice-ptx: format 1.1, every cubin spliced)
+    and those of earlier 1.0 writers: the first (8 MiB blocks, level 3), the second (level 7 with long-distance
+    matching, files by name), the third (types in name order, zstd's level 8) and the fourth (today's layout, the
+    index at level 12)."""
     with tritonpack.open(golden) as reader:
-        assert reader.info.format_version == (1, 0)
+        assert reader.info.format_version == ((1, 1) if golden == GOLDEN_SPLICE else (1, 0))
+        spliced = sum(len(b.splices) for b in reader.index.blocks)
+        assert spliced == (sum(1 for e in reader.entries if e.kind == "group") if golden == GOLDEN_SPLICE else 0)
         assert reader.info.triton.version == "3.6.0"
         assert reader.info.created == 1767225600
         names = sorted((e.key, e.name) for e in reader.entries)

@@ -87,6 +87,9 @@ def pack(
     since: str | None = typer.Option(None, "--since", help="Only entries with a file modified since then: a "
                                      "duration (12h, 7d) or a date (2026-11-01). Archives keep no file times, so "
                                      "merge has no --since."),
+    splice_ptx: bool = typer.Option(False, "--splice-ptx", help="Store each cubin without the PTX text that ptxas "
+                                    "embeds in it, derived from its group's .ptx at unpack (format 1.1): 13-15% "
+                                    "smaller archives of CUDA caches, unpacks that spend about a fifth more CPU."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
@@ -95,7 +98,8 @@ def pack(
     Example: tritonpack pack ~/.triton/cache -o kernels.tpack --arch cuda:90
     """
     with _progress(not (quiet or as_json), "packing") as progress:
-        show(pack_output(cache_dir, output, level, arch, kernel, binary_only, since, as_json, quiet, progress))
+        show(pack_output(cache_dir, output, level, arch, kernel, binary_only, since, as_json, quiet, progress,
+                         splice_ptx))
 
 
 ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."

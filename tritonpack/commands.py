@@ -93,13 +93,13 @@ def check_output(archive: str, target: list[str] | None = None, as_json: bool = 
 def pack_output(cache_dir: str | None = None, output: str = "kernels.tpack", level: int | None = None,
                 arch: list[str] | None = None, kernel: list[str] | None = None, binary_only: bool = False,
                 since: str | None = None, as_json: bool = False, quiet: bool = False,
-                progress: Progress | None = None) -> Output:
+                progress: Progress | None = None, splice_ptx: bool = False) -> Output:
     from . import api
     from .archive.format import DEFAULT_LEVEL
 
     result = api.pack(cache_dir, output, level=DEFAULT_LEVEL if level is None else level,
                       selection=selection(arch, kernel, binary_only), since=since_time(since), progress=progress,
-                      processes=True)
+                      processes=True, splice_ptx=splice_ptx)
     return reported(result, as_json, quiet)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from . import __version__
-from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
+from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .archivesource import ArchiveEntry, BlobStore, archive_entry
 from .errors import ConflictError, UsageError
@@ -109,7 +109,7 @@ def merged_info(parts: Sequence[tuple[ArchiveInfo, set[str]]], created: int | No
             if len(values) == 1 and None not in values:
                 hashes[target] = values.pop()
         triton = TritonInfo(versions.pop(), keys.pop() if len(keys) == 1 else None, hashes)
-    return ArchiveInfo(tritonpack=__version__, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=created,
+    return ArchiveInfo(tritonpack=__version__, format_version=format_version(), created=created,
                        python=python, triton=triton)
 
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .archive.format import DEFAULT_LEVEL, FORMAT_MAJOR, FORMAT_MINOR
+from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import RecordError, UsageError
 from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo
@@ -226,7 +226,7 @@ def archive_info(entries: Sequence[LocalEntry], processes: Mapping[int, dict], c
     elif len(tritons) > 1:
         notes.append("the command ran several Triton installations: the archive records no packing Triton; the "
                      "preflight checks each kernel's own Triton version")
-    info = ArchiveInfo(tritonpack=version, format_version=(FORMAT_MAJOR, FORMAT_MINOR), created=created,
+    info = ArchiveInfo(tritonpack=version, format_version=format_version(), created=created,
                        python=python, triton=triton)
     return info, notes
 

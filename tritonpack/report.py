@@ -50,6 +50,8 @@ class PackResult(NamedTuple):
     skipped: list[Skipped]
     foreign_manifests: int
     triton_version: str | None
+    cubins: int = 0  # cubins beside their group's .ptx
+    spliced: int = 0  # of those, stored without the PTX text they embed (spec §5.1)
 
     @property
     def ratio(self) -> float:
@@ -68,6 +70,9 @@ class PackResult(NamedTuple):
                          "cache); their files were read from the group's own directory")
         if self.triton_version is None:
             lines.append("Triton is not importable here: the archive records no Triton build key or backend hashes")
+        if self.spliced < self.cubins:
+            lines.append(f"{self.cubins - self.spliced} of {self.cubins} cubins stored whole: their embedded PTX text "
+                         "is not their .ptx line for line (or they embed none: compiled without -lineinfo)")
         return lines
 
     def to_dict(self) -> dict:

@@ -129,9 +129,9 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
             jobs.append((directory, name, manifest_json(prefix, names)))
             owners.append((n, MANIFEST, 0))
     else:
-        view = memoryview(data if data is not None else reader.read_block(number, block))
+        decoded = data if data is not None else reader.read_block(number, block)
         for blob, offset, size, digest, where in plan:
-            content = reader.verified(view, number, blob, offset, size, digest)
+            content = reader.verified(decoded, number, blob, offset, size, digest)
             for directory, name, n, i in where:
                 jobs.append((directory, name, content))
                 owners.append((n, i, size))

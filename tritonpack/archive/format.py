@@ -9,7 +9,7 @@ from ..errors import ArchiveError, UnsupportedFormatError
 MAGIC = b"\x89TPACK\r\n"
 TRAILER_MAGIC = b"TPACKEND"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # the newest this tritonpack reads and writes; 1.1 added blocks of codec zstd-splice (§5.1)
 
 HEADER = struct.Struct("<8sHHI")  # magic, major, minor, flags
 TRAILER = struct.Struct("<QQQ32s8s")  # index offset, index length, index size, sha256(index bytes), magic
@@ -32,8 +32,13 @@ class Trailer(NamedTuple):
     index_sha256: bytes
 
 
-def pack_header() -> bytes:
-    return HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0)
+def format_version(splice_ptx: bool = False) -> tuple[int, int]:
+    """The version a writer declares: 1.1 only where it splices cubins (§5.1), so that other archives stay 1.0."""
+    return (FORMAT_MAJOR, 1 if splice_ptx else 0)
+
+
+def pack_header(minor: int) -> bytes:
+    return HEADER.pack(MAGIC, FORMAT_MAJOR, minor, 0)
 
 
 def parse_header(data: bytes, path: str) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import re
+from bisect import bisect_right
 from typing import Any, NamedTuple
 
 import msgpack
@@ -29,8 +30,10 @@ from ..model import (
 )
 from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
 from .limits import IndexTooLarge, msgpack_budget
+from .splice import Splice
 
 CODEC_ZSTD = "zstd"
+CODEC_ZSTD_SPLICE = "zstd-splice"  # format 1.1: a zstd frame of the content without its splices (spec §5.1)
 MAX_META_DEPTH = 32  # reader policy: autotune values are printed and turned into JSON, which recurse
 KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 
@@ -40,8 +43,14 @@ class Block(NamedTuple):
 
     offset: int
     length: int  # compressed bytes
-    size: int  # uncompressed bytes
+    size: int  # uncompressed bytes: the content, with its splices
     codec: str = CODEC_ZSTD
+    splices: tuple[Splice, ...] = ()  # codec zstd-splice: texts derived at decode time, by increasing offset
+
+    @property
+    def stored(self) -> int:
+        """Bytes the frame decodes to: the content without its splices."""
+        return self.size - sum(s.length for s in self.splices)
 
 
 class BlobRef(NamedTuple):
@@ -120,8 +129,18 @@ class IndexEncoding:
             ])
 
     def with_blocks(self, blocks) -> bytes:
-        table = [{"codec": b.codec, "offset": b.offset, "length": b.length, "size": b.size} for b in blocks]
-        return self._head + msgpack.packb(table, use_bin_type=True) + self._tail
+        return self._head + msgpack.packb(block_table(blocks), use_bin_type=True) + self._tail
+
+
+def block_table(blocks) -> list[dict]:
+    table = []
+    for b in blocks:
+        fields = {"codec": b.codec, "offset": b.offset, "length": b.length, "size": b.size}
+        if b.splices:
+            fields["splices"] = [[s.at, s.source, s.source_size, s.length, s.blanks, [list(r) for r in s.replacements]]
+                                 for s in b.splices]
+        table.append(fields)
+    return table
 
 
 # ---- decoding (hostile input) ----
@@ -275,11 +294,50 @@ def decode_blocks(raw_blocks: list, path: str) -> list[Block]:
         b = _Fields(raw_block, f"blocks[{n}]", path)
         block = Block(offset=b.uint("offset"), length=b.uint("length"), size=b.uint("size", limit=MAX_BLOCK_SIZE + 1),
                       codec=b.get("codec", str))
+        if block.codec == CODEC_ZSTD_SPLICE:
+            block = block._replace(splices=_decode_splices(b.get("splices", list), block.size, f"blocks[{n}]", path))
         if end is not None and block.offset < end:
             raise ArchiveError(f"index: blocks[{n}] overlaps the previous block", path)
         end = block.offset + block.length
         blocks.append(block)
     return blocks
+
+
+# Reader policy (spec §7): the sources of a block's splices, each read once to derive a text, add up to at most this
+# many times the block's size (a writer's add up to at most its size: each .ptx serves one cubin).
+MAX_SPLICE_SOURCES = 4
+
+
+def _decode_splices(raw: list, size: int, where: str, path: str) -> tuple[Splice, ...]:
+    """A block's splices, checked: each in the content after the previous one, its source before it and in no
+    splice, all of them within the block's size."""
+    splices: list[Splice] = []
+    ends: list[int] = []
+    sources = 0
+    if not raw:
+        raise ArchiveError(f"index: {where}.splices is empty", path)
+    for k, item in enumerate(raw):
+        if type(item) is not list or len(item) != 6 or not all(_is_uint(v) for v in item[:4]) or \
+                type(item[4]) is not bytes or type(item[5]) is not list:
+            raise ArchiveError(f"index: {where}.splices[{k}] is malformed", path)
+        at, source, source_size, length, blanks, raw_replacements = item
+        replacements = []
+        for r in raw_replacements:
+            if type(r) is not list or len(r) != 2 or not _is_uint(r[0]) or type(r[1]) is not bytes or \
+                    (replacements and r[0] <= replacements[-1][0]):
+                raise ArchiveError(f"index: {where}.splices[{k}] has a malformed replacement", path)
+            replacements.append((r[0], r[1]))
+        first = bisect_right(ends, source)  # the splices that end before the source: the next must start after it
+        if length == 0 or at < (ends[-1] if ends else 0) or at + length > size or source + source_size > at or \
+                (first < len(splices) and splices[first].at < source + source_size):
+            raise ArchiveError(f"index: {where}.splices[{k}] lies outside its place", path)
+        sources += source_size
+        if sources > MAX_SPLICE_SOURCES * size:
+            raise ArchiveError(f"index: {where}.splices derive from more than {MAX_SPLICE_SOURCES}x the block's "
+                               "bytes (reader limit)", path)
+        splices.append(Splice(at, source, source_size, length, blanks, tuple(replacements)))
+        ends.append(at + length)
+    return tuple(splices)
 
 
 def read_block_table(raw: bytes, path: str) -> list[Block] | None:
@@ -422,4 +480,4 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
 
 
 __all__ = ["Block", "BlobRef", "Index", "IndexEncoding", "decode_index", "decode_blocks", "read_block_table",
-           "valid_file_name", "CODEC_ZSTD", "FILE"]
+           "block_table", "valid_file_name", "CODEC_ZSTD", "CODEC_ZSTD_SPLICE", "FILE"]

@@ -15,9 +15,10 @@ import zstandard
 from ..errors import ArchiveError, IntegrityError
 from ..model import ArchiveInfo, Entry
 from .format import HEADER_SIZE, IN_FLIGHT, TRAILER_SIZE, parse_header, parse_trailer
-from .index import CODEC_ZSTD, Block, Index, decode_index, read_block_table
+from .index import CODEC_ZSTD, CODEC_ZSTD_SPLICE, Block, Index, decode_index, read_block_table
 from .limits import check_block_expansion, check_expansion, check_ratio
 from .source import ByteSource, LocalFile
+from .splice import BlockContent
 
 
 def _decompress(data: bytes, size: int, what: str, path: str) -> bytes:
@@ -110,14 +111,15 @@ class ArchiveReader:
         return self._index.file_blobs[entry_number]
 
     # -- the data --
-    def read_block(self, number: int, block: Block) -> bytes:
-        """Block ``number`` (as ``block`` describes it), read and decompressed; its blobs are not verified."""
-        if block.codec != CODEC_ZSTD:
+    def read_block(self, number: int, block: Block) -> BlockContent:
+        """Block ``number`` (as ``block`` describes it), read and decompressed; its blobs are not verified, and
+        its spliced texts are derived as they are read."""
+        if block.codec not in (CODEC_ZSTD, CODEC_ZSTD_SPLICE):
             raise ArchiveError(f"block {number} uses unknown codec {block.codec!r}", self.path)
         data = self._source.read_at(block.offset, block.length)
         if len(data) != block.length:
             raise ArchiveError(f"truncated archive (block {number})", self.path)
-        return _decompress(data, block.size, f"block {number}", self.path)
+        return BlockContent(_decompress(data, block.stored, f"block {number}", self.path), block.splices)
 
     @property
     def local(self) -> bool:
@@ -131,7 +133,7 @@ class ArchiveReader:
             by_block.setdefault(self._index.blobs[blob].block, []).append(blob)
         return dict(sorted(by_block.items()))
 
-    def iter_blobs(self, wanted: Iterable[int], threads: int | None = None) -> Iterator[tuple[int, memoryview]]:
+    def iter_blobs(self, wanted: Iterable[int], threads: int | None = None) -> Iterator[tuple[int, memoryview | bytes]]:
         """Yield ``(blob number, content)`` for each wanted blob, block by block, each verified.
 
         Worker threads read, decode and verify several blocks at once; at most ``IN_FLIGHT`` decoded bytes are
@@ -158,17 +160,20 @@ class ArchiveReader:
                 _, future = pending.popleft()
                 yield from future.result()
 
-    def decode_block(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview]]:
+    def decode_block(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview | bytes]]:
         """Read and decode block ``number``; return its ``blobs`` (all in it), each verified."""
-        data = memoryview(self.read_block(number, self._index.blocks[number]))
+        data = self.read_block(number, self._index.blocks[number])
         refs = self._index.blobs
         return [(blob, self.verified(data, number, blob, refs[blob].offset, refs[blob].size, refs[blob].sha256))
                 for blob in blobs]
 
-    def verified(self, data: memoryview, number: int, blob: int, offset: int, size: int, sha256: bytes) -> memoryview:
+    def verified(self, data: BlockContent, number: int, blob: int, offset: int, size: int, sha256: bytes):
         """Blob ``blob`` of block ``number`` (decoded: ``data``), checked against its recorded sha256. Also for a
         forked worker, which is told the blob's place and digest instead of holding the index."""
-        content = data[offset:offset + size]
+        try:
+            content = data.range(offset, size)
+        except ValueError as e:
+            raise ArchiveError(f"block {number}: a spliced text does not derive ({e})", self.path) from None
         if hashlib.sha256(content).digest() != sha256:
             raise IntegrityError(f"sha256 mismatch in blob {blob} (block {number})", self.path)
         return content
