@@ -209,3 +209,21 @@ def test_with_splices_a_cubin_goes_with_its_ptx_ranked_first(tmp_path, compiled_
     assert [k[2:] for k in pairs if not k[1]] == [k[2:] for k in pairs if k[1]] == sorted(k[2:] for k in pairs if k[1])
     rest = keys[len(pairs):]
     assert rest == sorted(rest)
+
+
+def test_workers_write_assembled_cubins_as_they_go(tmp_path, compiled_root, monkeypatch, counted_forks):
+    """A spliced block's cubins are new bytes, not views of the decoded block: a worker writes them every few MB
+    instead of holding a block's worth. At a limit of one byte, every cubin is written on its own, and each file
+    is still staged, reported and committed once."""
+    from tritonpack import workers
+
+    monkeypatch.setattr(workers, "HELD_ASSEMBLED", 1)
+    info = tritonpack.ArchiveInfo("test", (1, 1), None, None, None)
+    written = write_archive(str(tmp_path / "k.tpack"), scan_cache(str(compiled_root)).entries, info,
+                            block_size=64 << 10, splice_ptx=True)  # several blocks: worker processes
+    assert written.spliced == written.cubins > 0
+    assert main(["unpack", str(tmp_path / "k.tpack"), "--cache-dir", str(tmp_path / "out"), "-q"]) == 0
+    assert counted_forks, "the command stages with worker processes"
+    assert {k: v[2] for k, v in snapshot(tmp_path / "out").items() if "__grp__" not in k} == \
+           {k: v[2] for k, v in snapshot(compiled_root).items() if "__grp__" not in k}
+    assert not list((tmp_path / "out").rglob("tmp.*"))

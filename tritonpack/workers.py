@@ -37,6 +37,7 @@ from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
+HELD_ASSEMBLED = 4 << 20  # a spliced block's cubins are new bytes each (format 1.1): written by the 4 MiB
 _HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now; stage this item so; end
 
 # What a worker is told to write: for a block, [(blob, offset, size, sha256, [(directory, name or None, entry,
@@ -124,18 +125,25 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     nothing of the block outlives it: a worker holds one at a time."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
+    staged: list[tuple[int, int, int, str]] = []
     if block is None:
         for directory, name, n, prefix, names in plan:
             jobs.append((directory, name, manifest_json(prefix, names)))
             owners.append((n, MANIFEST, 0))
     else:
         decoded = data if data is not None else reader.read_block(number, block)
+        held = 0  # bytes of spliced cubins assembled, not views of the block: written every few MB
         for blob, offset, size, digest, where in plan:
             content = reader.verified(decoded, number, blob, offset, size, digest)
             for directory, name, n, i in where:
                 jobs.append((directory, name, content))
                 owners.append((n, i, size))
-    return [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
+            if not isinstance(content, memoryview):
+                held += size
+                if held > HELD_ASSEMBLED:
+                    staged += [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
+                    jobs, owners, held = [], [], 0
+    return staged + [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
 
 
 def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, parts: int, commands: int,
