@@ -72,7 +72,8 @@ class PackResult(NamedTuple):
             lines.append("Triton is not importable here: the archive records no Triton build key or backend hashes")
         if self.spliced < self.cubins:
             lines.append(f"{self.cubins - self.spliced} of {self.cubins} cubins stored whole: their embedded PTX text "
-                         "is not their .ptx line for line (or they embed none: compiled without -lineinfo)")
+                         "is not their .ptx line for line, their .ptx is stored in another block (the same as another "
+                         "group's), or they embed none (compiled without -lineinfo)")
         return lines
 
     def to_dict(self) -> dict:

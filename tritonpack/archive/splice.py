@@ -105,6 +105,8 @@ def encode_gaps(lines: Sequence[int]) -> bytes:
     most = max(gaps, default=0)
     width = 1 if most < 1 << 8 else 2 if most < 1 << 16 else 4
     packed = array(_WIDTHS[width], gaps)
+    if packed.itemsize != width:  # a platform whose C types differ: write them one by one
+        return bytes([width]) + b"".join(gap.to_bytes(width, "little") for gap in gaps)
     if sys.byteorder == "big":
         packed.byteswap()
     return bytes([width]) + packed.tobytes()
