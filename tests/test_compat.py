@@ -178,7 +178,7 @@ def test_gpu_probe_runs_beside_the_index_read_and_is_stopped_if_never_read(tmp_p
     from tritonpack import gpus
 
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nsleep 30\necho 9.0\n")
+    smi.write_text(f"#!/bin/sh\n{shutil.which('sleep')} 30\necho 9.0\n")  # PATH below holds no sleep
     smi.chmod(0o755)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
