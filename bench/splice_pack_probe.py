@@ -1,5 +1,7 @@
-"""Where ``pack --splice-ptx`` time goes: a cache root packed in-process, without and with splices alternately,
-each ``splice.plan`` and ``compress_block`` call timed (wall and thread CPU), and the whole pack.
+"""Where ``pack --splice-ptx`` time goes: a cache root packed in-process, without splices, with splices planned in
+the compress threads, and with splices planned by forked planners (as the command does with 4 cores or more),
+in turn; each ``splice.plan`` of this process and each ``compress_block`` call timed (wall and thread CPU), and
+the whole pack.
 
 Usage: python bench/splice_pack_probe.py CACHE_DIR OUT.json [ROUNDS]
 """
@@ -35,16 +37,16 @@ def main(root: str, out: str, rounds: int) -> None:
     entries = scan_cache(root).entries
     results = []
     for _ in range(rounds):
-        for spliced in (False, True):
+        for spliced, processes in ((False, False), (True, False), (True, True)):
             log.clear()
             start = time.perf_counter()
             info = ArchiveInfo("probe", format_version(spliced), None, None, None)
-            writer.write_archive("/dev/shm/probe.tpack", entries, info, splice_ptx=spliced)
+            writer.write_archive("/dev/shm/probe.tpack", entries, info, splice_ptx=spliced, processes=processes)
             wall = time.perf_counter() - start
             plans = [x for x in log if x[0] == "plan"]
             compressions = [x for x in log if x[0] == "compress"]
             results.append({
-                "splice": spliced, "wall": round(wall, 3), "plans": len(plans),
+                "splice": spliced, "planners": processes, "wall": round(wall, 3), "plans": len(plans),
                 "plan_wall": round(sum(x[2] for x in plans), 3), "plan_cpu": round(sum(x[3] for x in plans), 3),
                 "compress_wall": [round(x[2], 3) for x in compressions],
                 "compress_start": [round(x[1] - start, 3) for x in compressions],

@@ -117,7 +117,7 @@ def pack(
                        created=source_date_epoch(), python=python_info(), triton=triton)
     total = sum(e.size for e in scan.entries)
     written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,
-                            on_file=progress_counter(total, progress))
+                            processes=processes, on_file=progress_counter(total, progress))
     return PackResult(
         archive=os.fspath(output),
         cache_dir=root,

@@ -7,6 +7,7 @@ where ``fork_safe`` says so.
 from __future__ import annotations
 
 import contextlib
+import marshal
 import os
 import pickle
 import signal
@@ -117,4 +118,30 @@ def _collect(child: tuple[int, int]) -> tuple | None:
         return None
 
 
-__all__ = ["fork_safe", "cores", "die_with", "forked_map"]
+def send_message(fd: int, message) -> None:
+    """One marshalled message, its length first, to a pipe between forked processes of this run."""
+    payload = marshal.dumps(message)
+    view = memoryview(len(payload).to_bytes(4, "little") + payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def receive_message(fd: int):
+    """One message, or None at the end of the pipe."""
+    head = _read_exactly(fd, 4)
+    payload = None if head is None else _read_exactly(fd, int.from_bytes(head, "little"))
+    return None if payload is None else marshal.loads(payload)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    parts, left = [], size
+    while left:
+        part = os.read(fd, left)
+        if not part:
+            return None
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+__all__ = ["fork_safe", "cores", "die_with", "forked_map", "send_message", "receive_message"]

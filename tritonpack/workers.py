@@ -21,7 +21,6 @@ Forking needs a local archive and what ``forking.fork_safe`` asks, which is why 
 from __future__ import annotations
 
 import contextlib
-import marshal
 import os
 import select
 import signal
@@ -32,7 +31,7 @@ from .archive.format import IN_FLIGHT
 from .archive.index import Block
 from .cachedest import manifest_json
 from .errors import CacheError
-from .forking import cores, die_with, fork_safe
+from .forking import cores, die_with, fork_safe, receive_message, send_message
 from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
@@ -76,31 +75,6 @@ class Launcher:
     def __exit__(self, *exc) -> None:
         if self.workers is not None:
             self.workers.close()
-
-
-def _send(fd: int, message) -> None:
-    payload = marshal.dumps(message)
-    view = memoryview(len(payload).to_bytes(4, "little") + payload)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _receive(fd: int):
-    """One message, or None at the end of the pipe."""
-    head = _read_exactly(fd, 4)
-    payload = None if head is None else _read_exactly(fd, int.from_bytes(head, "little"))
-    return None if payload is None else marshal.loads(payload)
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    parts, left = [], size
-    while left:
-        part = os.read(fd, left)
-        if not part:
-            return None
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
 
 
 def _reuse_block_memory() -> None:
@@ -155,7 +129,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     ahead: tuple[int, bytes] | None = None  # (item, its block) decompressed before the plan came
     try:
         while True:
-            message = _receive(commands)
+            message = receive_message(commands)
             if message is None or message[0] == _STOP:
                 return 0
             if message[0] == _HINT:
@@ -174,7 +148,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
             item = items[number]
             staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan)
             del data
-            _send(results, (True, staged))
+            send_message(results, (True, staged))
             w.temps.clear()  # the parent's now
     except BaseException as e:
         for temp in list(w.temps):
@@ -186,7 +160,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
         except Exception:
             error = pickle.dumps(CacheError(f"an unpack worker failed: {e!r}", root))
         with contextlib.suppress(OSError):
-            _send(results, (False, error))
+            send_message(results, (False, error))
         return 1
 
 
@@ -225,7 +199,7 @@ class StagingWorkers:
                     os._exit(code)
             os.close(commands_r)
             os.close(results_w)
-            _send(commands_w, (_HINT, part))
+            send_message(commands_w, (_HINT, part))
             self.children[results_r] = (pid, commands_w, part)
 
     def stage(self, w: StageWriter, targets: dict[int, list], manifests: list[tuple[str, str | None, int, object]],
@@ -265,7 +239,7 @@ class StagingWorkers:
                 number = queue.popleft() if queue and error is None else None
             message = (_STOP,) if number is None else (_PLAN, number, w.lock.pid, w.lock.token, plan_of(number))
             with contextlib.suppress(BrokenPipeError):  # it died: the end of its results pipe tells
-                _send(commands, message)
+                send_message(commands, message)
 
         try:
             for _, commands, number in self.children.values():
@@ -274,7 +248,7 @@ class StagingWorkers:
                 ready, _, _ = select.select(list(self.children), [], [])
                 for fd in ready:
                     pid, commands, _ = self.children[fd]
-                    message = _receive(fd)
+                    message = receive_message(fd)
                     if message is None:  # the worker has ended
                         del self.children[fd]
                         os.close(fd)

@@ -6,6 +6,7 @@ Each file is read exactly once; memory is bounded by a few blocks whatever the c
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -19,6 +20,7 @@ import msgpack
 import zstandard
 
 from ..errors import ArchiveError, CacheError, UsageError
+from ..forking import fork_safe
 from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
 from . import splice
 from .format import (
@@ -40,6 +42,7 @@ from .index import (
     decode_blocks,
     decode_index,
 )
+from .planners import Planners
 
 BLOCK_SIZE = 32 * 1024 * 1024  # a window that spans many alike files, small enough to decode in parallel
 MAX_WINDOW_LOG = 25  # 32 MiB: zstd decoders accept up to 2^27 by default
@@ -150,12 +153,16 @@ def compress_block(data: bytes, level: int) -> bytes:
     return zstandard.ZstdCompressor(compression_params=params).compress(data)
 
 
-def splice_and_compress(content: memoryview, level: int, pairs: Sequence[tuple[int, int, int, int]]
+def splice_and_compress(content: memoryview, level: int, pairs: Sequence[tuple[int, int, int, int]],
+                        planners: Planners | None = None, buffer: mmap.mmap | None = None
                         ) -> tuple[bytes, tuple[splice.Splice, ...]]:
     """The block's frame, and its splices: each cubin of ``pairs`` (``(cubin offset, size, ptx offset, size)`` in
-    the content) whose PTX text derives from its ``.ptx`` is stored without it. The texts are cut out of the block
-    buffer in place (its digests are taken): no second copy of the block."""
-    splices = tuple(found for found in (splice.plan(content, *pair) for pair in pairs) if found is not None)
+    the content) whose PTX text derives from its ``.ptx`` is stored without it, planned by a forked planner where
+    there are some (``buffer`` holds the block), else here. The texts are cut out of the block buffer in place (its
+    digests are taken): no second copy of the block."""
+    splices = planners.plan(buffer, pairs) if planners is not None and pairs else None
+    if splices is None:
+        splices = tuple(found for found in (splice.plan(content, *pair) for pair in pairs) if found is not None)
     if not splices:
         return compress_block(content, level), ()
     end = splices[0].at
@@ -175,12 +182,14 @@ def write_archive(
     threads: int | None = None,
     on_file: Callable[[int], None] | None = None,
     splice_ptx: bool = False,
+    processes: bool = False,
 ) -> WriteResult:
     """Write the archive to a temp file beside ``path`` and move it in place: never a half-written archive.
 
     ``splice_ptx``: store each cubin without the PTX text it embeds, spliced back from its ``.ptx`` when it is
     unpacked (spec §5.1; ``info.format_version`` must then be 1.1): 13-15% smaller archives of CUDA caches, for
-    about 5 ns of unpack CPU a byte of ``.ptx`` (2-core VM)."""
+    about 5 ns of unpack CPU a byte of ``.ptx`` (2-core VM). ``processes``: with four cores or more, plan the
+    splices in forked processes where a fork is safe (``forking.fork_safe``; the command asks)."""
     if splice_ptx and info.format_version < (1, 1):
         raise UsageError("spliced cubins need format 1.1")
     directory = os.path.dirname(os.path.abspath(path))
@@ -191,7 +200,7 @@ def write_archive(
     try:
         with os.fdopen(fd, "wb") as out:
             result = _write(out, entries, info, level, block_size, threads or os.cpu_count() or 1, on_file,
-                            splice_ptx)
+                            splice_ptx, processes)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
         return result
@@ -270,7 +279,7 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
         yield batch
 
 
-def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx) -> WriteResult:
+def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, processes) -> WriteResult:
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
     units = _layout_order(entries, block_size if splice_ptx else 0)
     partner = {unit[1]: unit[0][1] for unit in units if len(unit) == 2}  # (entry, cubin) -> its .ptx's number
@@ -336,11 +345,18 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx) 
                 return
 
     plan = _plan([tuple((i, j, entries[i].files[j]) for i, j in unit) for unit in units], block_size)
+    planners = None
     # Separate pools: reads must not queue behind compressions, or the next block waits for its files. Reads of
     # cached files are CPU work (copy, hash): more readers than cores only contend (2 cores: 2 readers fill a
     # block in 0.037 s, 4 in 0.05 s); four keep a disk busy where there are cores for them.
-    with ThreadPoolExecutor(max_workers=most_compressing) as compressors, \
+    with contextlib.ExitStack() as ending, \
+            ThreadPoolExecutor(max_workers=most_compressing) as compressors, \
             ThreadPoolExecutor(max_workers=min(4, threads), thread_name_prefix="read") as readers:
+        # Planners fork before the pools start their threads (at the first submit). On 2 cores the compressions
+        # take both anyway: the splices are planned in the compress threads.
+        if partner and processes and threads >= 4 and fork_safe():
+            free.extend(mmap.mmap(-1, block_size) for _ in range(slots + 1))  # every buffer a block may take
+            planners = ending.enter_context(Planners(free, most_compressing))
         def start_reading():
             step = next(plan, None)
             if step is None:
@@ -379,8 +395,8 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx) 
                     if on_file:
                         on_file(size)
             if len(blobs) > first_blob:  # even if all are empty files: their blobs point into this block
-                pending.append([compressors.submit(splice_and_compress, view[:cursor], level, pairs), cursor,
-                                buffer])
+                pending.append([compressors.submit(splice_and_compress, view[:cursor], level, pairs, planners,
+                                                   buffer), cursor, buffer])
             else:
                 recycle(buffer)
             settle(most_compressing)
