@@ -39,30 +39,48 @@ class Planners:
                 self._alive += 1
 
     def plan(self, buffer: mmap.mmap, pairs: Sequence[tuple[int, int, int, int]]) -> tuple[splice.Splice, ...] | None:
-        """The splices of the block in ``buffer``, as ``splice.plan`` finds them; None where no planner could
-        (the caller plans the block itself)."""
+        """The splices of the block in ``buffer``, as ``splice.plan`` finds them, its pairs shared among the planners
+        that are free (the first blocks would otherwise wait for one planner each); None where none could (the
+        caller plans the block itself)."""
         index = self._index.get(id(buffer))
         if index is None:
             return None
         while True:
             try:
-                child = self._free.get(timeout=0.05)
+                children = [self._free.get(timeout=0.05)]
                 break
             except queue.Empty:
                 with self._lock:
                     if not self._alive:
                         return None
-        try:
-            send_message(child[1], (index, list(pairs)))
-            reply = receive_message(child[2])
-        except OSError:
+        with contextlib.suppress(queue.Empty):
+            while len(children) < len(pairs):
+                children.append(self._free.get_nowait())
+        share = -(-len(pairs) // len(children))
+        asked = []  # the planners asked, in the order of their shares; None where the asking failed
+        for n, child in enumerate(children):
+            try:
+                send_message(child[1], (index, list(pairs[n * share:(n + 1) * share])))
+                asked.append(child)
+            except OSError:
+                asked.append(None)
+        found: list | None = []
+        for child in asked:  # every answer is read, so that no pipe is left with one unread
             reply = None
-        if reply is None:  # it died: its blocks are planned here from now on
-            with self._lock:
-                self._alive -= 1
+            if child is not None:
+                with contextlib.suppress(OSError):
+                    reply = receive_message(child[2])
+            if reply is None:  # it died: its blocks are planned here from now on
+                with self._lock:
+                    self._alive -= 1
+                found = None
+                continue
+            self._free.put(child)
+            if found is not None:
+                found += reply
+        if found is None:
             return None
-        self._free.put(child)
-        return tuple(splice.Splice(*found[:5], tuple(map(tuple, found[5]))) for found in reply)
+        return tuple(splice.Splice(*s[:5], tuple(map(tuple, s[5]))) for s in found)
 
     def close(self) -> None:
         """End the planners: their commands end, and each is reaped (killed first if it still runs)."""
