@@ -100,6 +100,10 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
     staged: list[tuple[int, int, int, str]] = []
+
+    def write() -> None:
+        staged.extend((*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True))
+
     if block is None:
         for directory, name, n, prefix, names in plan:
             jobs.append((directory, name, manifest_json(prefix, names)))
@@ -115,9 +119,12 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
             if not isinstance(content, memoryview):
                 held += size
                 if held > HELD_ASSEMBLED:
-                    staged += [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
-                    jobs, owners, held = [], [], 0
-    return staged + [(*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True)]
+                    write()
+                    jobs.clear()
+                    owners.clear()
+                    held = 0
+    write()
+    return staged
 
 
 def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, parts: int, commands: int,

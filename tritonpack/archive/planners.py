@@ -127,9 +127,7 @@ def _fork(buffers: Sequence[mmap.mmap], parent: int, others: list[int]) -> tuple
         die_with(parent)
         while (message := receive_message(commands_r)) is not None:
             index, pairs = message
-            view = memoryview(buffers[index])
-            found = [tuple(s) for s in (splice.plan(view, *pair) for pair in pairs) if s is not None]
-            send_message(results_w, found)
+            send_message(results_w, [tuple(s) for s in splice.plan_block(memoryview(buffers[index]), pairs)])
         code = 0
     finally:  # never back into the writer's code, nor its exit handlers
         os._exit(code)

@@ -100,6 +100,11 @@ def plan(block, cubin: int, cubin_size: int, ptx: int, ptx_size: int) -> Splice 
     return Splice(cubin + offset, ptx, ptx_size, size, encode_gaps(blanks), replacements)
 
 
+def plan_block(block, pairs: Sequence[tuple[int, int, int, int]]) -> tuple[Splice, ...]:
+    """The splices of a block's ``pairs`` (``(cubin offset, size, ptx offset, size)``), where they derive."""
+    return tuple(found for found in (plan(block, *pair) for pair in pairs) if found is not None)
+
+
 def encode_gaps(lines: Sequence[int]) -> bytes:
     gaps = list(map(sub, lines, [0, *lines]))  # the first: the first line's number
     most = max(gaps, default=0)
@@ -198,4 +203,5 @@ class BlockContent:
         return self._text[1]
 
 
-__all__ = ["Splice", "BlockContent", "SECTION", "embedded_ptx", "plan", "derive", "decode_gaps", "encode_gaps"]
+__all__ = ["Splice", "BlockContent", "SECTION", "embedded_ptx", "plan", "plan_block", "derive", "decode_gaps",
+           "encode_gaps"]

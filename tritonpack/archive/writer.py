@@ -162,7 +162,7 @@ def splice_and_compress(content: memoryview, level: int, pairs: Sequence[tuple[i
     digests are taken): no second copy of the block."""
     splices = planners.plan(buffer, pairs) if planners is not None and pairs else None
     if splices is None:
-        splices = tuple(found for found in (splice.plan(content, *pair) for pair in pairs) if found is not None)
+        splices = splice.plan_block(content, pairs)
     if not splices:
         return compress_block(content, level), ()
     end = splices[0].at
