@@ -1,12 +1,13 @@
-"""Where ``pack --splice-ptx`` time goes: a cache root packed in-process, without splices, with splices planned in
-the compress threads, and with splices planned by forked planners (as the command does with 4 cores or more),
-in turn; each ``splice.plan`` of this process and each ``compress_block`` call timed (wall and thread CPU), and
-the whole pack.
+"""Where ``pack --splice-ptx`` time goes: a cache root packed in-process, without splices and with them, each
+with the files read (and the splices planned) in the writer's threads and by forked helpers (as the command does
+with 4 cores or more), in turn; each ``splice.plan`` of this process and each ``compress_block`` call timed (wall
+and thread CPU), and the whole pack.
 
 Usage: python bench/splice_pack_probe.py CACHE_DIR OUT.json [ROUNDS]
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -37,16 +38,18 @@ def main(root: str, out: str, rounds: int) -> None:
     entries = scan_cache(root).entries
     results = []
     for _ in range(rounds):
-        for spliced, processes in ((False, False), (True, False), (True, True)):
+        for spliced, processes in ((False, False), (False, True), (True, False), (True, True)):
             log.clear()
             start = time.perf_counter()
             info = ArchiveInfo("probe", format_version(spliced), None, None, None)
-            writer.write_archive("/dev/shm/probe.tpack", entries, info, splice_ptx=spliced, processes=processes)
+            helpers = writer.forked_helpers() if processes else None
+            with helpers if helpers is not None else contextlib.nullcontext():
+                writer.write_archive("/dev/shm/probe.tpack", entries, info, splice_ptx=spliced, helpers=helpers)
             wall = time.perf_counter() - start
             plans = [x for x in log if x[0] == "plan"]
             compressions = [x for x in log if x[0] == "compress"]
             results.append({
-                "splice": spliced, "planners": processes, "wall": round(wall, 3), "plans": len(plans),
+                "splice": spliced, "helpers": processes, "wall": round(wall, 3), "plans": len(plans),
                 "plan_wall": round(sum(x[2] for x in plans), 3), "plan_cpu": round(sum(x[3] for x in plans), 3),
                 "compress_wall": [round(x[2], 3) for x in compressions],
                 "compress_start": [round(x[1] - start, 3) for x in compressions],

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import shutil
 import struct
@@ -231,38 +230,3 @@ def test_workers_write_assembled_cubins_as_they_go(tmp_path, compiled_root, monk
     assert {k: v[2] for k, v in snapshot(tmp_path / "out").items() if "__grp__" not in k} == \
            {k: v[2] for k, v in snapshot(compiled_root).items() if "__grp__" not in k}
     assert not list((tmp_path / "out").rglob("tmp.*"))
-
-
-@pytest.mark.parametrize("planners_die", [False, True])
-def test_forked_planners_make_the_same_archive(tmp_path, compiled_root, monkeypatch, counted_forks, planners_die):
-    """With four cores or more and forks allowed, splices are planned in forked processes beside the
-    compressions; the archive is the same bytes as planned in the threads. Planners that die leave their blocks
-    to the writer: the same bytes again, and no child left behind."""
-    from conftest import no_child_left
-
-    from tritonpack.archive import writer
-
-    monkeypatch.setattr(writer, "fork_safe", lambda: True)  # in the full suite, an earlier test leaves a thread
-    info = tritonpack.ArchiveInfo("test", (1, 1), None, None, None)
-    entries = scan_cache(str(compiled_root)).entries
-
-    def write(name, **kw):
-        write_archive(str(tmp_path / name), entries, info, block_size=64 << 10, splice_ptx=True, threads=4, **kw)
-        return (tmp_path / name).read_bytes()
-
-    threads = write("threads.tpack")
-    assert not counted_forks
-    parent, real, here = os.getpid(), splice.plan, []
-
-    def plan(*args):  # the children inherit it
-        if os.getpid() == parent:
-            here.append(args)
-        elif planners_die:
-            os._exit(3)
-        return real(*args)
-
-    monkeypatch.setattr(splice, "plan", plan)
-    assert write("forked.tpack", processes=True) == threads
-    assert bool(here) == planners_die  # planned in the children, unless they died
-    assert len(counted_forks) == 4
-    assert no_child_left()

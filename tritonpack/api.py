@@ -88,9 +88,10 @@ def pack(
 
     ``selection`` packs part of the cache: some targets, some kernels, or binary-only groups. ``since`` (a Unix
     time) keeps the entries with a file modified since then: what recent runs compiled or tuned. ``processes``:
-    read a large root with forked processes too, where a fork is safe (``forking.fork_safe``; the command does).
+    scan a large root, and read its files, with forked processes too, where a fork is safe (``forking.fork_safe``;
+    the command does).
     """
-    from .archive.writer import write_archive
+    from .archive.writer import forked_helpers, write_archive
     from .cacheroot import scan_cache
     from .fingerprint import local_triton
     from .report import PackResult, kind_counts
@@ -101,23 +102,25 @@ def pack(
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
     _refuse_output_inside(root, output)
-    scan = scan_cache(root, processes=processes)
-    if since is not None:
-        scan.entries = [e for e in scan.entries if _newest(e) >= since]
-    if not selection.everything:
-        scan.entries = [e._replace(files=tuple(e.files[i] for i in selection.file_indices(e)))
-                        for e in scan.entries if selection.wants(e)]
-    targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
-               if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
-    local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
-    triton = None if local is None else TritonInfo(
-        local.version, local.key_sha256,
-        {k: v for k, v in local.backend_hashes.items() if k in {f"{b}:{a}" for b, a, _ in targets}})
-    info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
-                       created=source_date_epoch(), python=python_info(), triton=triton)
-    total = sum(e.size for e in scan.entries)
-    written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,
-                            processes=processes, on_file=progress_counter(total, progress))
+    helpers = forked_helpers() if processes else None  # forked first, while this process is small
+    with helpers if helpers is not None else contextlib.nullcontext():
+        scan = scan_cache(root, processes=processes)
+        if since is not None:
+            scan.entries = [e for e in scan.entries if _newest(e) >= since]
+        if not selection.everything:
+            scan.entries = [e._replace(files=tuple(e.files[i] for i in selection.file_indices(e)))
+                            for e in scan.entries if selection.wants(e)]
+        targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
+                   if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
+        local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
+        triton = None if local is None else TritonInfo(
+            local.version, local.key_sha256,
+            {k: v for k, v in local.backend_hashes.items() if k in {f"{b}:{a}" for b, a, _ in targets}})
+        info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
+                           created=source_date_epoch(), python=python_info(), triton=triton)
+        total = sum(e.size for e in scan.entries)
+        written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,
+                                helpers=helpers, on_file=progress_counter(total, progress))
     return PackResult(
         archive=os.fspath(output),
         cache_dir=root,

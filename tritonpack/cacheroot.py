@@ -45,24 +45,28 @@ class LocalFile(NamedTuple):
 
     def read_into(self, view: memoryview) -> None:
         """The writer's read: straight into its block, no copy. The size must still be the scanned one."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise CacheError(f"cannot read: {e.strerror}", self.path) from e
-        try:
-            got, past_end = 0, bytearray(1)  # a byte read into past_end means the file grew
-            while got < len(view):
-                n = os.readv(fd, [view[got:], past_end])
-                if n == 0:
-                    break
-                got += n
-            if got != len(view):
-                raise CacheError("changed while being packed (its size is not what the scan saw); pack again",
-                                 self.path)
-        except OSError as e:
-            raise CacheError(f"cannot read: {e.strerror}", self.path) from e
-        finally:
-            os.close(fd)
+        read_file_into(self.path, view)
+
+
+def read_file_into(path: str, view: memoryview) -> None:
+    """Fill ``view`` with the file at ``path``, which must be exactly as long (what the scan saw)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise CacheError(f"cannot read: {e.strerror}", path) from e
+    try:
+        got, past_end = 0, bytearray(1)  # a byte read into past_end means the file grew
+        while got < len(view):
+            n = os.readv(fd, [view[got:], past_end])
+            if n == 0:
+                break
+            got += n
+        if got != len(view):
+            raise CacheError("changed while being packed (its size is not what the scan saw); pack again", path)
+    except OSError as e:
+        raise CacheError(f"cannot read: {e.strerror}", path) from e
+    finally:
+        os.close(fd)
 
 
 class LocalEntry(NamedTuple):

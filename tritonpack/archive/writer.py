@@ -6,7 +6,6 @@ Each file is read exactly once; memory is bounded by a few blocks whatever the c
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import mmap
 import os
@@ -20,7 +19,7 @@ import msgpack
 import zstandard
 
 from ..errors import ArchiveError, CacheError, UsageError
-from ..forking import fork_safe
+from ..forking import cores, fork_safe
 from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
 from . import splice
 from .format import (
@@ -32,6 +31,7 @@ from .format import (
     pack_header,
     pack_trailer,
 )
+from .helpers import BlockHelpers
 from .index import (
     CODEC_ZSTD,
     CODEC_ZSTD_SPLICE,
@@ -42,7 +42,6 @@ from .index import (
     decode_blocks,
     decode_index,
 )
-from .planners import Planners
 
 BLOCK_SIZE = 32 * 1024 * 1024  # a window that spans many alike files, small enough to decode in parallel
 MAX_WINDOW_LOG = 25  # 32 MiB: zstd decoders accept up to 2^27 by default
@@ -54,6 +53,7 @@ DEFAULT_SEARCH_LOG = 3  # see compress_block
 # compressing costs its buffer and a 6 MB zstd context (hash and chain tables at level 8): peak RSS of a real
 # pack is 173 MB with two compressing and a read ahead, 219-221 MB with four (bench/results/perf-*torch*.json).
 HELD = 5 * BLOCK_SIZE
+MOST_HELPERS = 4  # forked helpers of a pack (helpers.py), where there are twice as many cores
 
 
 class SourceFile(Protocol):
@@ -154,13 +154,13 @@ def compress_block(data: bytes, level: int) -> bytes:
 
 
 def splice_and_compress(content: memoryview, level: int, pairs: Sequence[tuple[int, int, int, int]],
-                        planners: Planners | None = None, buffer: mmap.mmap | None = None
+                        helpers: BlockHelpers | None = None, buffer: mmap.mmap | None = None
                         ) -> tuple[bytes, tuple[splice.Splice, ...]]:
     """The block's frame, and its splices: each cubin of ``pairs`` (``(cubin offset, size, ptx offset, size)`` in
-    the content) whose PTX text derives from its ``.ptx`` is stored without it, planned by a forked planner where
+    the content) whose PTX text derives from its ``.ptx`` is stored without it, planned by forked helpers where
     there are some (``buffer`` holds the block), else here. The texts are cut out of the block buffer in place (its
     digests are taken): no second copy of the block."""
-    splices = planners.plan(buffer, pairs) if planners is not None and pairs else None
+    splices = helpers.plan(buffer, pairs) if helpers is not None and pairs else None
     if splices is None:
         splices = splice.plan_block(content, pairs)
     if not splices:
@@ -182,14 +182,14 @@ def write_archive(
     threads: int | None = None,
     on_file: Callable[[int], None] | None = None,
     splice_ptx: bool = False,
-    processes: bool = False,
+    helpers: BlockHelpers | None = None,
 ) -> WriteResult:
     """Write the archive to a temp file beside ``path`` and move it in place: never a half-written archive.
 
     ``splice_ptx``: store each cubin without the PTX text it embeds, spliced back from its ``.ptx`` when it is
     unpacked (spec §5.1; ``info.format_version`` must then be 1.1): 13-15% smaller archives of CUDA caches, for
-    about 5 ns of unpack CPU a byte of ``.ptx`` (2-core VM). ``processes``: with four cores or more, plan the
-    splices in forked processes where a fork is safe (``forking.fork_safe``; the command asks)."""
+    about 5 ns of unpack CPU a byte of ``.ptx`` (2-core VM). ``helpers``: forked processes (``forked_helpers``)
+    that read the files, by their ``path`` (files of a cache root), and plan the splices."""
     if splice_ptx and info.format_version < (1, 1):
         raise UsageError("spliced cubins need format 1.1")
     directory = os.path.dirname(os.path.abspath(path))
@@ -200,7 +200,7 @@ def write_archive(
     try:
         with os.fdopen(fd, "wb") as out:
             result = _write(out, entries, info, level, block_size, threads or os.cpu_count() or 1, on_file,
-                            splice_ptx, processes)
+                            splice_ptx, helpers)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
         return result
@@ -209,6 +209,15 @@ def write_archive(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def forked_helpers(threads: int | None = None) -> BlockHelpers | None:
+    """Helpers for a pack of a cache root, with its block buffers, where there are four cores or more and a fork
+    is safe (``forking.fork_safe``); None elsewhere. Made before the scan: the helpers fork small."""
+    threads = threads or cores()
+    if threads < 4 or not fork_safe():
+        return None
+    return BlockHelpers(min(MOST_HELPERS, threads // 2), HELD // BLOCK_SIZE, BLOCK_SIZE)
 
 
 def current_umask() -> int:
@@ -279,7 +288,7 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
         yield batch
 
 
-def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, processes) -> WriteResult:
+def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
     units = _layout_order(entries, block_size if splice_ptx else 0)
     partner = {unit[1]: unit[0][1] for unit in units if len(unit) == 2}  # (entry, cubin) -> its .ptx's number
@@ -345,18 +354,21 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
                 return
 
     plan = _plan([tuple((i, j, entries[i].files[j]) for i, j in unit) for unit in units], block_size)
-    planners = None
+    if helpers is not None and helpers.block_size == block_size:
+        free.extend(helpers.buffers)
     # Separate pools: reads must not queue behind compressions, or the next block waits for its files. Reads of
-    # cached files are CPU work (copy, hash): more readers than cores only contend (2 cores: 2 readers fill a
-    # block in 0.037 s, 4 in 0.05 s); four keep a disk busy where there are cores for them.
-    with contextlib.ExitStack() as ending, \
-            ThreadPoolExecutor(max_workers=most_compressing) as compressors, \
-            ThreadPoolExecutor(max_workers=min(4, threads), thread_name_prefix="read") as readers:
-        # Planners fork before the pools start their threads (at the first submit). On 2 cores the compressions
-        # take both anyway: the splices are planned in the compress threads.
-        if partner and processes and threads >= 4 and fork_safe():
-            free.extend(mmap.mmap(-1, block_size) for _ in range(slots + 1))  # every buffer a block may take
-            planners = ending.enter_context(Planners(free, most_compressing))
+    # cached files are CPU work (copy, hash): more reader threads than cores only contend (2 cores: 2 readers fill
+    # a block in 0.037 s, 4 in 0.05 s); four keep a disk busy where there are cores for them. With helpers, each
+    # reader thread waits on one, out of the interpreter lock that the writer's own Python holds.
+    reading = helpers.count if helpers is not None and helpers.count else min(4, threads)
+    with ThreadPoolExecutor(max_workers=most_compressing) as compressors, \
+            ThreadPoolExecutor(max_workers=reading, thread_name_prefix="read") as readers:
+
+        def read(buffer: mmap.mmap, view: memoryview, batch) -> list[bytes]:
+            digests = None if helpers is None else helpers.read(
+                buffer, [(source.path, source.size, offset) for _, _, source, offset in batch])
+            return digests if digests is not None else _fill(batch, view)
+
         def start_reading():
             step = next(plan, None)
             if step is None:
@@ -364,7 +376,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
             run, size = step
             buffer = buffer_for(size)
             view = memoryview(buffer)
-            return buffer, [(batch, readers.submit(_fill, batch, view)) for batch in _batches(run)]
+            return buffer, [(batch, readers.submit(read, buffer, view, batch)) for batch in _batches(run)]
 
         current = start_reading()
         while current is not None:
@@ -395,7 +407,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
                     if on_file:
                         on_file(size)
             if len(blobs) > first_blob:  # even if all are empty files: their blobs point into this block
-                pending.append([compressors.submit(splice_and_compress, view[:cursor], level, pairs, planners,
+                pending.append([compressors.submit(splice_and_compress, view[:cursor], level, pairs, helpers,
                                                    buffer), cursor, buffer])
             else:
                 recycle(buffer)
@@ -429,4 +441,4 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
                        sum(len(b.splices) for b in blocks))
 
 
-__all__ = ["write_archive", "WriteResult", "BLOCK_SIZE", "DEFAULT_LEVEL"]
+__all__ = ["write_archive", "forked_helpers", "WriteResult", "BLOCK_SIZE", "DEFAULT_LEVEL"]

@@ -1,0 +1,116 @@
+"""A pack's forked helpers (``archive/helpers.py``) read the cache's files into the block buffers and plan the
+splices, beside the writer's compressions: the archive is the same bytes as without them, whatever happens to
+them, and a file that changed is the same error."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from conftest import no_child_left
+
+import tritonpack
+from tritonpack.archive import helpers, splice, writer
+from tritonpack.archive.helpers import BlockHelpers
+from tritonpack.archive.writer import write_archive
+from tritonpack.cacheroot import scan_cache
+
+BLOCK = 64 << 10  # the compiled root makes several blocks
+
+
+def _write(path, entries, splice_ptx: bool, with_helpers: BlockHelpers | None = None) -> bytes:
+    info = tritonpack.ArchiveInfo("test", (1, 1) if splice_ptx else (1, 0), None, None, None)
+    write_archive(str(path), entries, info, block_size=BLOCK, splice_ptx=splice_ptx, threads=4, helpers=with_helpers)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("splice_ptx", [False, True])
+@pytest.mark.parametrize("failing", [None, "reads", "helpers die"])
+def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, counted_forks, splice_ptx, failing):
+    """Reads (and plans) go to the helpers; a read a helper cannot do, or a helper that dies, leaves the work to
+    the writer: the same bytes each time, and no child left behind."""
+    entries = scan_cache(str(compiled_root)).entries
+    plain = _write(tmp_path / "threads.tpack", entries, splice_ptx)
+    assert not counted_forks
+    parent = os.getpid()
+    read_here, planned_here = [], []
+    real_fill, real_read_files, real_plan = writer._fill, helpers.read_files, splice.plan
+
+    def fill(files, view):
+        read_here.append(len(files))
+        return real_fill(files, view)
+
+    def read_files(files, view):  # the helpers inherit it
+        if failing == "reads":
+            raise OSError("a read the helper cannot do")
+        if failing == "helpers die":
+            os._exit(3)
+        return real_read_files(files, view)
+
+    def plan(*args):
+        if os.getpid() == parent:
+            planned_here.append(args)
+        elif failing == "helpers die":
+            os._exit(3)
+        return real_plan(*args)
+
+    monkeypatch.setattr(writer, "_fill", fill)
+    monkeypatch.setattr(helpers, "read_files", read_files)
+    monkeypatch.setattr(splice, "plan", plan)
+    with BlockHelpers(2, writer.HELD // BLOCK, BLOCK) as forked:
+        assert len(counted_forks) == forked.count == 2
+        assert _write(tmp_path / "helpers.tpack", entries, splice_ptx, forked) == plain
+    assert bool(read_here) == (failing is not None)  # every read in the helpers, unless they fail
+    assert bool(planned_here) == (splice_ptx and failing == "helpers die")
+    assert no_child_left()
+
+
+@pytest.fixture()
+def many_cores(monkeypatch):
+    """As on a machine of 8 cores where a fork is safe (in the full suite an earlier test leaves a thread)."""
+    monkeypatch.setattr(writer, "cores", lambda: 8)
+    monkeypatch.setattr(writer, "fork_safe", lambda: True)
+
+
+def test_pack_forks_its_helpers_before_the_scan(tmp_path, compiled_root, monkeypatch, counted_forks, many_cores):
+    """``pack`` with processes (as the command packs) forks four helpers on 8 cores, before the scan: the same
+    archive as a pack without them."""
+    from tritonpack import cacheroot
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    tritonpack.pack(compiled_root, tmp_path / "plain.tpack")
+    assert not counted_forks
+    real_scan = cacheroot.scan_cache
+    forks_at_scan = []
+
+    def scan(path, processes=False):
+        forks_at_scan.append(len(counted_forks))
+        return real_scan(path, False)
+
+    monkeypatch.setattr(cacheroot, "scan_cache", scan)
+    tritonpack.pack(compiled_root, tmp_path / "helpers.tpack", processes=True)
+    assert forks_at_scan == [4] == [len(counted_forks)]
+    assert (tmp_path / "helpers.tpack").read_bytes() == (tmp_path / "plain.tpack").read_bytes()
+    assert no_child_left()
+
+
+def test_a_file_that_changes_size_during_a_pack_with_helpers_is_the_same_error(tmp_path, compiled_root,
+                                                                                monkeypatch, many_cores):
+    """The helper that meets it leaves the read to the writer, which raises; no archive, no child left."""
+    from tritonpack import cacheroot
+
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    real_scan = cacheroot.scan_cache
+
+    def scan_then_grow(path, processes=False):
+        scan = real_scan(path, processes)
+        with open(scan.entries[0].files[0].path, "ab") as f:
+            f.write(b"// appended after the scan\n")
+        return scan
+
+    monkeypatch.setattr(cacheroot, "scan_cache", scan_then_grow)
+    with pytest.raises(tritonpack.CacheError, match="changed while being packed"):
+        tritonpack.pack(root, tmp_path / "k.tpack", processes=True)
+    assert not list(tmp_path.glob("*.tpack")) and not list(tmp_path.glob(".tpack-*"))
+    assert no_child_left()
