@@ -136,17 +136,17 @@ class BlockHelpers:
         return replies
 
     def close(self) -> None:
-        """End the helpers: their commands end, and each is reaped (killed first if it still runs)."""
+        """End the helpers: killed all at once (each exit unmaps the block buffers, milliseconds apiece on a
+        large pack, spent in parallel), then each reaped."""
         for pid, commands, results in self._children:
             for fd in (commands, results):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid, _, _ in self._children:
             with contextlib.suppress(ChildProcessError):
-                done, _ = os.waitpid(pid, os.WNOHANG)
-                if not done:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
+                os.waitpid(pid, 0)
         self._children.clear()
 
     def __enter__(self) -> BlockHelpers:
