@@ -4,14 +4,14 @@ find a block's splices (``splice.plan``), while the writer's threads compress.
 Both are work that holds the interpreter lock in the writer. A read costs four trips through the lock (open, read,
 close, hash) a file; with four reader threads and the writer's own Python beside them, a block of 2,600 small
 files (the kernels' json, ttir, ttgir) took 0.10-0.12 s to read on 16 cores, the end of a pack waiting on it;
-helpers read it in 10-20 ms (``bench/pack_timeline.py``). Planning is Python, line by line, 10-15 ns a byte of
+helpers read a block in 15-40 ms (``bench/pack_timeline.py``). Planning is Python, line by line, 10-15 ns a byte of
 ``.ptx``: 0.40 s of a 1.08 s ``pack --splice-ptx`` in the threads (``bench/splice_pack_probe.py``).
 
 The helpers own the block buffers: shared anonymous maps, made before the fork, so that a helper reads files
 straight into the block the writer compresses, and plans a block where the writer filled it; it sends back only
-digests or splices. They fork before the cache is scanned (``api.pack``), while the process is small: a helper
-holds on to every page that the writer changes after the fork, and forked after the scan, four of them added
-33-42 MB to the pack's memory. So a read names its files by path, size and place. A helper that fails a read or
+digests or splices. They fork before the cache is scanned (``api.pack``), while the process is small: the helpers
+keep the original of every page that the writer changes after the fork, and forked after the scan, four of them
+added 33-42 MB to the pack's memory. So a read names its files by path, size and place. A helper that fails a read or
 dies leaves the work to the writer, which does it itself (and meets the same error, if it was the files'): the
 archive is the same bytes either way. Every helper is killed with the writer (``PR_SET_PDEATHSIG``), and reaped
 when the pack ends.
