@@ -17,15 +17,18 @@ from tritonpack.cacheroot import scan_cache
 BLOCK = 64 << 10  # the compiled root makes several blocks
 
 
-def _write(path, entries, splice_ptx: bool, with_helpers: BlockHelpers | None = None) -> bytes:
+def _write(path, entries, splice_ptx: bool, with_helpers: BlockHelpers | None = None, threads: int = 4) -> bytes:
     info = tritonpack.ArchiveInfo("test", (1, 1) if splice_ptx else (1, 0), None, None, None)
-    write_archive(str(path), entries, info, block_size=BLOCK, splice_ptx=splice_ptx, threads=4, helpers=with_helpers)
+    write_archive(str(path), entries, info, block_size=BLOCK, splice_ptx=splice_ptx, threads=threads,
+                  helpers=with_helpers)
     return path.read_bytes()
 
 
+@pytest.mark.parametrize("threads", [4, 8])  # four compress and one block is read ahead; or all five compress
 @pytest.mark.parametrize("splice_ptx", [False, True])
 @pytest.mark.parametrize("failing", [None, "reads", "helpers die"])
-def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, counted_forks, splice_ptx, failing):
+def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, counted_forks, splice_ptx, failing,
+                                       threads):
     """Reads (and plans) go to the helpers; a read a helper cannot do, or a helper that dies, leaves the work to
     the writer: the same bytes each time, and no child left behind."""
     entries = scan_cache(str(compiled_root)).entries
@@ -53,12 +56,13 @@ def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, cou
             os._exit(3)
         return real_plan(*args)
 
+    monkeypatch.setattr(writer, "HELD", 5 * BLOCK)  # five buffers, as the command's 32 MiB blocks have
     monkeypatch.setattr(writer, "_fill", fill)
     monkeypatch.setattr(helpers, "read_files", read_files)
     monkeypatch.setattr(splice, "plan", plan)
-    with BlockHelpers(2, writer.HELD // BLOCK, BLOCK) as forked:
+    with BlockHelpers(2, 5, BLOCK) as forked:
         assert len(counted_forks) == forked.count == 2
-        assert _write(tmp_path / "helpers.tpack", entries, splice_ptx, forked) == plain
+        assert _write(tmp_path / "helpers.tpack", entries, splice_ptx, forked, threads) == plain
     assert bool(read_here) == (failing is not None)  # every read in the helpers, unless they fail
     assert bool(planned_here) == (splice_ptx and failing == "helpers die")
     assert no_child_left()
