@@ -26,7 +26,8 @@ import os
 import queue
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 from ..cacheroot import read_file_into
 from ..forking import die_with, receive_message, send_message
@@ -35,14 +36,20 @@ from . import splice
 _READ, _PLAN = 0, 1
 
 
-def read_files(files: Sequence[tuple[str, int, int]], view: memoryview) -> list[bytes]:
-    """Each file (path, size, offset) straight into its place in the block, then its sha256."""
+def fill(reads: Iterable[tuple[Callable[[memoryview], None], int, int]], view: memoryview) -> list[bytes]:
+    """Each read (a function that fills a view, a size, an offset) straight into its place in the block, then its
+    sha256: the writer's reader threads and its helpers both read so (reads and hashing release the GIL)."""
     digests = []
-    for path, size, offset in files:
+    for read_into, size, offset in reads:
         part = view[offset:offset + size]
-        read_file_into(path, part)
+        read_into(part)
         digests.append(hashlib.sha256(part).digest())
     return digests
+
+
+def read_files(files: Sequence[tuple[str, int, int]], view: memoryview) -> list[bytes]:
+    """Each file (path, size, offset) of a cache root into its place in the block; their sha256s."""
+    return fill(((partial(read_file_into, path), size, offset) for path, size, offset in files), view)
 
 
 class BlockHelpers:
@@ -195,4 +202,4 @@ def _fork(buffers: Sequence[mmap.mmap], parent: int, others: list[int]) -> tuple
         os._exit(code)
 
 
-__all__ = ["BlockHelpers", "read_files"]
+__all__ = ["BlockHelpers", "fill", "read_files"]

@@ -31,7 +31,7 @@ from .format import (
     pack_header,
     pack_trailer,
 )
-from .helpers import BlockHelpers
+from .helpers import BlockHelpers, fill
 from .index import (
     CODEC_ZSTD,
     CODEC_ZSTD_SPLICE,
@@ -227,14 +227,8 @@ def current_umask() -> int:
 
 
 def _fill(files: Sequence[tuple[int, int, SourceFile, int]], view: memoryview) -> list[bytes]:
-    """Runs in a reader thread: each file straight into its place in the block, then its sha256 (reads and
-    hashing release the GIL, so several run at once)."""
-    digests = []
-    for _, _, source, offset in files:
-        part = view[offset:offset + source.size]
-        source.read_into(part)
-        digests.append(hashlib.sha256(part).digest())
-    return digests
+    """Runs in a reader thread: each file straight into its place in the block; their sha256s."""
+    return fill(((source.read_into, source.size, offset) for _, _, source, offset in files), view)
 
 
 def _plan(units: Sequence[tuple[tuple[int, int, SourceFile], ...]], block_size: int):
