@@ -3,11 +3,14 @@
 Ratios between separate runs of bench/perf.py mislead on shared machines (the same command moved 20% between two
 runs here); this runs the old and the new code alternately on the same cache and reports medians and new/old.
 Usage: python bench/compare_revisions.py ARCHIVE --old REV [--new-src DIR] [--rounds 7] [--work DIR] [--out F]
-       [--detect-gpus] [--arch TARGET]
+       [--detect-gpus] [--arch TARGET] [--cases pack,unpack]
   ARCHIVE is unpacked once and measured as a cache (fixtures/torch-max-autotune-h200-triton36.tpack).
   --old REV: a git revision, extracted with git archive; or --old-src DIR: a tree that holds its tritonpack/.
   Both run as the console script does (``tritonpack.entry.run``, or ``tritonpack.cli.run`` before it existed).
   --arch TARGET: also a partial unpack, of that target's kernels alone (a multi-target archive's one of three).
+  --cases: the commands to time (default: all); fewer take less of a session's device time for more rounds.
+  Each case reports the medians, their ratio, and the median of the rounds' own ratios (old and new run next to
+  each other in a round: a machine that slows for a while slows both); the JSON keeps every sample.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ def main() -> None:
     parser.add_argument("--detect-gpus", action="store_true",
                         help="check without --target: it detects the visible GPUs, as on a GPU host")
     parser.add_argument("--arch", default=None, help="also time an unpack of this target alone")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="tp-compare-", dir=args.work)
@@ -61,7 +65,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for name, r in report["cases"].items():
-        print(f"{name:13s} old {r['old']:7.3f} s   new {r['new']:7.3f} s   new/old {r['ratio']:.2f}")
+        print(f"{name:13s} old {r['old']:7.3f} s   new {r['new']:7.3f} s   new/old {r['ratio']:.2f}   "
+              f"rounds' new/old {r['paired']:.2f}")
     print(f"archive bytes: old {report['bytes']['old']}, new {report['bytes']['new']}")
     if args.out:
         with open(args.out, "w") as f:
@@ -77,7 +82,11 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
         subprocess.run(cmd, env=env, check=True, cwd=work)
     for src in srcs.values():  # bytecode, as pip writes at install (PYTHONDONTWRITEBYTECODE would skip it)
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(src, "tritonpack")], check=True)
-    cases = (*CASES, "unpack --arch") if args.arch else CASES
+    chosen = tuple(name for name in args.cases.split(",") if name)
+    unknown = set(chosen) - set(CASES)
+    if unknown:
+        raise SystemExit(f"unknown cases: {', '.join(sorted(unknown))}")
+    cases = (*chosen, "unpack --arch") if args.arch else chosen
     samples: dict[str, dict[str, list[float]]] = {name: {"old": [], "new": []} for name in cases}
     runs = 0
     for round_number in range(args.rounds):
@@ -103,7 +112,9 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
     results = {}
     for name, by in samples.items():
         old, new = statistics.median(by["old"]), statistics.median(by["new"])
-        results[name] = {"old": round(old, 3), "new": round(new, 3), "ratio": round(new / old, 3)}
+        paired = statistics.median(n / o for o, n in zip(by["old"], by["new"], strict=True))
+        results[name] = {"old": round(old, 3), "new": round(new, 3), "ratio": round(new / old, 3),
+                         "paired": round(paired, 3), "samples": {k: [round(t, 4) for t in v] for k, v in by.items()}}
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),

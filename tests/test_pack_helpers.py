@@ -95,3 +95,49 @@ def test_pack_forks_its_helpers_before_the_scan(tmp_path, compiled_root, monkeyp
     assert forks_at_scan == [4] == [len(counted_forks)]
     assert (tmp_path / "helpers.tpack").read_bytes() == (tmp_path / "plain.tpack").read_bytes()
     assert no_child_left()
+
+
+@pytest.mark.parametrize("with_helpers", [False, True])
+def test_block_buffers_are_released_after_their_last_block(tmp_path, compiled_root, monkeypatch, with_helpers):
+    """Once the last block is read, each buffer's pages are given back as soon as its block is compressed (not all
+    at the pack's end), never while a compression reads it; the archive is the same bytes as with none given back."""
+    entries = scan_cache(str(compiled_root)).entries
+    monkeypatch.setattr(writer, "release", lambda buffer, shared: None)
+    kept = _write(tmp_path / "kept.tpack", entries, False)
+    events = []
+    real_compress, real_release = writer.compress_block, writer.release
+
+    def compress(data, level):
+        events.append(("compress", id(data.obj)))
+        try:
+            return real_compress(data, level)
+        finally:
+            events.append(("compressed", id(data.obj)))
+
+    def release(buffer, shared):
+        events.append(("release", id(buffer)))
+        assert shared == with_helpers
+        real_release(buffer, shared)
+
+    monkeypatch.setattr(writer, "compress_block", compress)
+    monkeypatch.setattr(writer, "release", release)
+    monkeypatch.setattr(writer, "HELD", 5 * BLOCK)
+    if with_helpers:
+        with BlockHelpers(2, 5, BLOCK) as forked:
+            written = _write(tmp_path / "released.tpack", entries, False, forked)
+    else:
+        written = _write(tmp_path / "released.tpack", entries, False)
+    assert written == kept
+    released = [buffer for what, buffer in events if what == "release"]
+    assert len(set(released)) == len(released)  # each once (with helpers, spare buffers too)
+    assert {buffer for what, buffer in events if what == "compress"} <= set(released)
+    compressing, gone = set(), set()
+    for what, buffer in events:
+        assert buffer not in gone  # never used again
+        if what == "compress":
+            compressing.add(buffer)
+        elif what == "compressed":
+            compressing.discard(buffer)
+        else:
+            assert buffer not in compressing
+            gone.add(buffer)
