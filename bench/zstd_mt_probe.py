@@ -44,8 +44,8 @@ def writer_blocks(root: str) -> list[bytes]:
 
     entries = sorted(scan_cache(root).entries, key=lambda e: (e.key, e.kind, e.name))
     seen, blocks, current, size = set(), [], [], 0
-    for i, j in writer._layout_order(entries):
-        data = entries[i].files[j].read()
+    for (_, _, source), in writer._layout_order(entries):
+        data = source.read()
         digest = hashlib.sha256(data).digest()
         if digest in seen:
             continue
