@@ -107,7 +107,7 @@ def measure(args, srcs: dict[str, str], work: str) -> dict:
                 samples[name][which].append(time.perf_counter() - start)
                 if proc.returncode not in (0, 5, 6):  # check: 5/6 when entries are for other targets
                     raise SystemExit(f"{which} {name} failed: {proc.stderr.decode()}")
-            shutil.rmtree(out)
+            shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(out + "-arch", ignore_errors=True)
     results = {}
     for name, by in samples.items():
