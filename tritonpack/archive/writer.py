@@ -244,7 +244,8 @@ def block_buffer(size: int) -> mmap.mmap:
     """A block buffer of this process alone: an anonymous map, not a bytearray (bytearray(n) zero-fills n bytes in
     the writer's thread, 20 ms for a block on the path to its first read, where the map's pages are faulted in by
     the reader threads), and private: a shared map, as helpers need, costs more to fault in and to free (five
-    32 MiB maps filled in 137-155 ms against 101-121, and unmapped in 22 ms against 6-9, on the 16-core host)."""
+    32 MiB maps filled in 129 ms against 107, and unmapped in 22 ms against 9, on the 16-core host:
+    ``bench/block_buffer_probe.py``)."""
     if hasattr(mmap, "MAP_PRIVATE"):
         return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return mmap.mmap(-1, size)
