@@ -4,6 +4,7 @@ them (a file that changes during a pack with helpers: ``test_unpack.py``)."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from conftest import no_child_left
@@ -24,7 +25,7 @@ def _write(path, entries, splice_ptx: bool, with_helpers: BlockHelpers | None = 
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("threads", [4, 8])  # four compress and one block is read ahead; or all five compress
+@pytest.mark.parametrize("threads", [4, 8])  # four compress and the fifth buffer is filled; or all five compress
 @pytest.mark.parametrize("splice_ptx", [False, True])
 @pytest.mark.parametrize("failing", [None, "reads", "helpers die"])
 def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, counted_forks, splice_ptx, failing,
@@ -56,13 +57,29 @@ def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, cou
             os._exit(3)
         return real_plan(*args)
 
+    made = []  # buffers the writer makes itself: with helpers, only for a file larger than a block
+    real_buffer = writer.block_buffer
+
+    def block_buffer(size):
+        made.append(size)
+        return real_buffer(size)
+
     monkeypatch.setattr(writer, "HELD", 5 * BLOCK)  # five buffers, as the command's 32 MiB blocks have
+    monkeypatch.setattr(writer, "block_buffer", block_buffer)
+    real_compress = writer.compress_block
+
+    def slow_compress(data, level):  # compressions that outlast reads, as a 32 MiB block's do: they pile up
+        time.sleep(0.02)
+        return real_compress(data, level)
+
+    monkeypatch.setattr(writer, "compress_block", slow_compress)
     monkeypatch.setattr(writer, "_fill", fill)
     monkeypatch.setattr(helpers, "read_files", read_files)
     monkeypatch.setattr(splice, "plan", plan)
     with BlockHelpers(2, 5, BLOCK) as forked:
         assert len(counted_forks) == forked.count == 2
         assert _write(tmp_path / "helpers.tpack", entries, splice_ptx, forked, threads) == plain
+    assert all(size > BLOCK for size in made)  # never a sixth block buffer (a read ahead on 4 cores once made one)
     assert bool(read_here) == (failing is not None)  # every read in the helpers, unless they fail
     assert bool(planned_here) == (splice_ptx and failing == "helpers die")
     assert no_child_left()

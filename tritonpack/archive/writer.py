@@ -342,11 +342,12 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     # fourth compression does more than a read ahead: a block compresses in 0.05-0.7 s, and reads in 0.03 s. Where
     # helpers read (15-40 ms a block, out of the interpreter lock), all five compress, and the next block is read
     # as one ends: pack 0.92 and 0.96 of the time with four (host, synthetic and real cache), for one more 5.5 MB
-    # zstd context.
+    # zstd context. A read ahead takes a buffer of its own: only where the compressions and the block being filled
+    # leave one spare (with helpers on 4 cores, four compress and the fifth buffer is filled: no sixth buffer).
     buffers = HELD // block_size
     slots = buffers if helpers is not None else buffers - 1
     most_compressing = max(1, min(threads, slots))
-    read_ahead = most_compressing < slots
+    read_ahead = most_compressing + 1 < buffers
 
     shared = {id(buffer) for buffer in helpers.buffers} if helpers is not None else set()
     last_read = False  # every block has been read: a buffer whose block is written is not needed again
