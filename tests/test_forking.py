@@ -136,3 +136,25 @@ def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root,
     src, out = snapshot(compiled_root), snapshot(tmp_path / "root")
     assert {k: v[2] for k, v in src.items() if "__grp__" not in k} == \
            {k: v[2] for k, v in out.items() if "__grp__" not in k}
+
+
+def test_cores_are_those_this_process_may_run_on(monkeypatch, compiled_root, tmp_path):
+    """A pack limited to some CPUs of a large machine (a container's cpuset, taskset) runs as on that many cores:
+    its writer's compressions too; with no affinity to ask for (macOS), the machine's count."""
+    from tritonpack.archive import writer
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert forking.cores() == 2
+    pools = []
+    real_pool = writer.ThreadPoolExecutor
+
+    def pool(max_workers, **kwargs):
+        pools.append((kwargs.get("thread_name_prefix", "compress"), max_workers))
+        return real_pool(max_workers, **kwargs)
+
+    monkeypatch.setattr(writer, "ThreadPoolExecutor", pool)
+    tritonpack.pack(compiled_root, tmp_path / "two.tpack")
+    assert pools == [("compress", 2), ("read", 2)]
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert forking.cores() == 64

@@ -29,7 +29,12 @@ def fork_safe() -> bool:
 
 
 def cores() -> int:
-    return len(os.sched_getaffinity(0))
+    """The CPUs this process may run on: its affinity (a container's cpuset, ``taskset``), not the machine's
+    count, so that a pack or an unpack limited to 2 CPUs of a large host runs as on 2 cores."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity to ask for (macOS)
+        return os.cpu_count() or 1
 
 
 def die_with(parent: int) -> None:

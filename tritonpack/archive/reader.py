@@ -139,9 +139,11 @@ class ArchiveReader:
         Worker threads read, decode and verify several blocks at once; at most ``IN_FLIGHT`` decoded bytes are
         held, whatever the archive's size or the number of cores.
         """
+        from ..forking import cores  # not on the path of list and check, which never decode a block
+
         by_block = self.blocks_of(wanted)
         order = list(by_block)
-        workers = min(threads or os.cpu_count() or 1, len(order))
+        workers = min(threads or cores(), len(order))
         if workers <= 1:  # nothing to overlap: decode inline, no thread pool to start
             for number in order:
                 yield from self.decode_block(number, by_block[number])

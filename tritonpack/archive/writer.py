@@ -218,7 +218,7 @@ def write_archive(
         raise CacheError(f"cannot create the archive: {e.strerror}", path) from e
     try:
         with os.fdopen(fd, "wb") as out:
-            result = _write(out, entries, info, level, block_size, threads or os.cpu_count() or 1, on_file,
+            result = _write(out, entries, info, level, block_size, threads or cores(), on_file,
                             splice_ptx, helpers)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
