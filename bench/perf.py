@@ -202,7 +202,9 @@ def measure(args, work: str) -> None:
         fresh_out()
         memory["tritonpack unpack (--splice-ptx archive)"] = tree_memory(unpack(archive="spliced")())
     files, size = dir_stats(cache)
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = f"{usable} cores" if usable == os.cpu_count() else f"{usable} cores (of {os.cpu_count()}: affinity)"
+    result = {"machine": f"{platform.machine()}, {cores}", "python": platform.python_version(),
               "source": args.cache, "targets": targets, "work": os.path.dirname(work),
               "zstd": "cli" if shutil.which("zstd") else "python-zstandard (no zstd CLI)",
               "cache": {"files": files, "bytes": size,
