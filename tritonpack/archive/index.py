@@ -129,7 +129,11 @@ class IndexEncoding:
             ])
 
     def with_blocks(self, blocks) -> bytes:
-        return self._head + msgpack.packb(block_table(blocks), use_bin_type=True) + self._tail
+        return self.with_table(msgpack.packb(block_table(blocks), use_bin_type=True))
+
+    def with_table(self, table: bytes) -> bytes:
+        """The index with a block table already packed (``block_table``, msgpack)."""
+        return self._head + table + self._tail
 
 
 def block_table(blocks) -> list[dict]:

@@ -478,9 +478,10 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
 
     if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
         raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)", out.name)
+    table = msgpack.packb(block_table(blocks), use_bin_type=True)
     if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check: checked as read
-        decode_blocks(msgpack.unpackb(msgpack.packb(block_table(blocks), use_bin_type=True)), out.name)
-    raw_index = encoding.with_blocks(blocks)
+        decode_blocks(msgpack.unpackb(table), out.name)
+    raw_index = encoding.with_table(table)
     index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
