@@ -80,6 +80,29 @@ def test_corrupt_block_leaves_no_visible_partial_group(tmp_path, archive):
     assert not [p for p in root.rglob("tmp.*")], "no temp files left behind"
 
 
+def test_a_block_that_expands_past_any_fixed_ratio_is_unpacked(tmp_path, compiled_root):
+    """Near-duplicate files compress past any fixed ratio (ten copies of the real cache, each file a few bytes
+    apart, made a block of 1,192x), so the reader sets no limit on a block's ratio: it takes what the writer makes.
+    Earlier, a block above 1 MiB that expanded more than 1000x was refused as a bomb."""
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    source = next(root.glob("*/*.source"))
+    padded = source.read_bytes() + b"# the same comment, line after line\n" * (40 << 20 >> 5)
+    source.write_bytes(padded)  # larger than a block: a block of its own
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(root, archive)
+    with tritonpack.open(archive) as reader:
+        ratios = [block.size / block.length for block in reader.index.blocks if block.size > 1 << 20]
+    assert max(ratios) > 1000
+    out = tmp_path / "out"
+    tritonpack.unpack(archive, out, force=True)
+    assert (out / source.relative_to(root)).read_bytes() == padded
+
+    def contents(where):  # manifests name their root: the files they list must be the same bytes
+        return {k: v[::2] for k, v in snapshot(where).items() if "__grp__" not in k}
+
+    assert contents(out) == contents(root)
+
 def test_default_root_is_tritons(tmp_path, archive, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
