@@ -75,15 +75,18 @@ class Crafted:
 
     The index document is built from ``entries`` (contents deduplicated into blobs, all in one block unless
     ``split`` puts each blob in its own block). ``doc_hook(doc)`` edits the msgpack document before encoding;
-    ``raw_index``, ``index_frame``, ``blocks_frames`` replace encoded parts; ``trailer_hook(fields)`` edits the
-    trailer fields (dict) before packing; ``post(bytes)`` edits the final bytes. ``splice``: the block holding
-    ``SPLICE_CUBIN`` stores it without ``SPLICE_TEXT``, spliced from ``SPLICE_PTX`` (codec zstd-splice, §5.1).
+    ``pairs_hook(pairs)`` edits its top-level (key, value) pairs, in order, which are then encoded as one map
+    (keys may repeat); ``raw_index``, ``index_frame``, ``blocks_frames`` replace encoded parts;
+    ``trailer_hook(fields)`` edits the trailer fields (dict) before packing; ``post(bytes)`` edits the final
+    bytes. ``splice``: the block holding ``SPLICE_CUBIN`` stores it without ``SPLICE_TEXT``, spliced from
+    ``SPLICE_PTX`` (codec zstd-splice, §5.1).
     """
 
     entries: list[dict] = field(default_factory=lambda: [group(KEY, "add_kernel")])
     split: bool = False
     header: tuple = (MAGIC, 1, 0, 0)
     doc_hook: Callable[[dict], None] | None = None
+    pairs_hook: Callable[[list], list] | None = None
     frame_hook: Callable[[int, bytes], bytes] | None = None
     raw_index: bytes | None = None
     index_frame: bytes | None = None
@@ -136,6 +139,10 @@ class Crafted:
         if self.doc_hook:
             self.doc_hook(doc)
         raw = self.raw_index if self.raw_index is not None else msgpack.packb(doc, use_bin_type=True)
+        if self.pairs_hook:
+            pairs = self.pairs_hook(list(doc.items()))
+            packer = msgpack.Packer(use_bin_type=True)
+            raw = packer.pack_map_header(len(pairs)) + b"".join(packer.pack(k) + packer.pack(v) for k, v in pairs)
         frame = self.index_frame if self.index_frame is not None else zframe(raw, 19)
         if self.index_hook:
             frame = self.index_hook(frame)
@@ -250,6 +257,13 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
     add("msgpack-not-a-map", lambda: C(raw_index=msgpack.packb(["format", "tpack"])).build())
     add("msgpack-bad-utf8", lambda: C(raw_index=b"\x81\xa6format\xa5tp\xffck").build())
     add("msgpack-int-key", lambda: C(doc_hook=lambda d: d.update({7: 1})).build())
+    add("index-key-twice", lambda: C(pairs_hook=lambda p: [*p, p[-1]]).build())  # entries, twice
+    add("index-blobs-twice", lambda: C(pairs_hook=lambda p: [*p[:-1], p[-2], p[-1]]).build())
+    add("index-int-key-first", lambda: C(pairs_hook=lambda p: [(7, 1), *p]).build())
+    add("index-entries-before-blobs-bad", lambda: C(pairs_hook=lambda p: [*p[:-2], p[-1], ("blobs", [[0, 0, 1]])]
+                                                    ).build())
+    add("index-blobs-not-an-array", lambda: C(pairs_hook=lambda p: [*p[:-2], ("blobs", {"a": 1}), p[-1]]).build())
+    add("index-entries-missing", lambda: C(pairs_hook=lambda p: p[:-1]).build())
     add("msgpack-array-count-lies", lambda: C(raw_index=b"\x81\xa7entries\xdd\xff\xff\xff\xff").build())
     add("msgpack-map-count-lies", lambda: C(raw_index=b"\xdf\x7f\xff\xff\xff\xa1a\xc0").build())
     add("msgpack-deep-nesting", lambda: C(raw_index=b"\x91" * 100000).build())

@@ -141,6 +141,33 @@ def test_index_value_budget(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(capsys, "list", archive)
     assert_one_line_error(err, archive, code, 3)
     assert "index holds more than 5000 values" in err
+    # The array of blobs is read one blob at a time: it spends as it would in one document.
+    archive = tmp_path / "blobs.tpack"
+    archive.write_bytes(Crafted(doc_hook=lambda d: d["blobs"].extend([[0, 0, 1, b"x" * 32]] * 1000)).build())
+    code, _, err = run_cli(capsys, "list", archive)
+    assert_one_line_error(err, archive, code, 3)
+    assert "index holds more than 5000 values" in err
+
+
+@pytest.mark.parametrize("order", ["reversed", "entries-first", "unknown-keys-between"])
+def test_an_index_in_another_key_order_reads_the_same(tmp_path, order):
+    """A writer's order lets a reader take blobs and entries one by one as msgpack reads them; any other order is
+    read as one document, to the same index."""
+    def reorder(pairs):
+        if order == "reversed":
+            return pairs[::-1]
+        if order == "entries-first":
+            return [pairs[-1], *pairs[:-1]]
+        return [*pairs[:-2], ("x", [1, 2]), pairs[-2], ("y", {"z": 1}), pairs[-1], ("w", None)]
+
+    entries = [group(KEY, "add_kernel"), group(KEY2, "mul_kernel"), autotune(KEY2, "mul_kernel")]
+    indexes = []
+    for hook in (None, reorder):
+        path = tmp_path / f"{order}-{hook is None}.tpack"
+        path.write_bytes(Crafted(entries=entries, split=True, pairs_hook=hook).build())
+        with tritonpack.open(path) as reader:
+            indexes.append(reader.index)
+    assert indexes[0] == indexes[1]
 
 
 def test_names_with_control_characters_print_on_one_line(tmp_path, capsys):

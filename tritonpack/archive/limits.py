@@ -74,33 +74,38 @@ def max_index_values() -> int:
     return int(value) if value.isdigit() else MAX_INDEX_VALUES
 
 
-def msgpack_budget(raw_size: int, limit: int | None = None) -> dict:
-    """Keyword arguments for ``msgpack.unpackb`` that stop decoding once ``limit`` is spent: an array costs one
-    plus its length, a map four plus twice its length (a dict slot weighs about four list slots); no single array
-    or map may declare more elements than the limit or than there are bytes (so a lying length allocates
-    nothing)."""
-    limit = max_index_values() if limit is None else limit
-    left = limit
+class IndexBudget:
+    """What decoding an index may spend (``limit``, default ``max_index_values()``): an array costs one plus its
+    length, a map four plus twice its length (a dict slot weighs about four list slots); no single array or map
+    may declare more elements than the limit or than there are bytes (so a lying length allocates nothing).
+    ``unpack_options()`` are keyword arguments for msgpack that spend as values are built; a decoder that reads an
+    array's header itself spends for it with ``spend``."""
 
-    def spend_list(container):
-        nonlocal left
-        left -= 1 + len(container)
-        if left < 0:
-            raise IndexTooLarge(limit)
+    def __init__(self, raw_size: int, limit: int | None = None):
+        self.limit = max_index_values() if limit is None else limit
+        self.left = self.limit
+        self.most = min(self.limit, raw_size)  # elements one array or map may declare
+        self.counted = 5 * raw_size > self.limit  # else each value takes a byte at least: this input cannot spend more
+
+    def spend(self, cost: int) -> None:
+        self.left -= cost
+        if self.left < 0:
+            raise IndexTooLarge(self.limit)
+
+    def _list(self, container):
+        self.spend(1 + len(container))
         return container
 
-    def spend_map(container):
-        nonlocal left
-        left -= 4 + 2 * len(container)
-        if left < 0:
-            raise IndexTooLarge(limit)
+    def _map(self, container):
+        self.spend(4 + 2 * len(container))
         return container
 
-    most = min(limit, raw_size)
-    if 5 * raw_size <= limit:  # each value takes a byte at least, so this input cannot spend more than 5 a byte
-        return {"max_array_len": most, "max_map_len": most}
-    return {"max_array_len": most, "max_map_len": most, "object_hook": spend_map, "list_hook": spend_list}
+    def unpack_options(self) -> dict:
+        options = {"max_array_len": self.most, "max_map_len": self.most}
+        if self.counted:
+            options.update(object_hook=self._map, list_hook=self._list)
+        return options
 
 
 __all__ = ["MAX_RATIO", "RATIO_FLOOR", "MAX_INDEX_VALUES", "max_unpack_bytes", "max_index_values", "check_ratio",
-           "check_expansion", "msgpack_budget", "IndexTooLarge"]
+           "check_expansion", "IndexBudget", "IndexTooLarge"]

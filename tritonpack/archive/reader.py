@@ -66,9 +66,11 @@ class ArchiveReader:
         trailer = parse_trailer(source.read_at(size - TRAILER_SIZE, TRAILER_SIZE), size, self.path)
         check_ratio(trailer.index_size, trailer.index_length, "index", self.path)
         compressed = source.read_at(trailer.index_offset, trailer.index_length)
-        if hashlib.sha256(compressed).digest() != trailer.index_sha256:
+        digest = hashlib.sha256(compressed)
+        if digest.digest() != trailer.index_sha256:
             raise IntegrityError("index digest mismatch (archive corrupt or truncated)", self.path)
         raw = _decompress(compressed, trailer.index_size, "index", self.path)
+        del compressed  # not held while the index decodes
         if self._on_blocks is not None:
             blocks = read_block_table(raw, self.path)
             try:
@@ -82,7 +84,7 @@ class ArchiveReader:
         index = decode_index(raw, self.path, version)
         self._check_region(index.blocks, trailer.index_offset)
         check_expansion(index, self.path)
-        self.digest = hashlib.sha256(compressed).hexdigest()
+        self.digest = digest.hexdigest()
         return index
 
     def _check_region(self, blocks: list[Block], index_offset: int) -> None:
