@@ -10,6 +10,7 @@ import json
 import os
 import re
 import stat
+import sys
 from functools import partial
 from typing import NamedTuple
 
@@ -30,11 +31,16 @@ TOOL_DIR = ".tritonpack"  # tritonpack's own bookkeeping in a root (ensure's sta
 
 
 class LocalFile(NamedTuple):
-    """A file of an entry found on disk; ``read`` is what the archive writer calls."""
+    """A file of an entry found on disk; ``read`` is what the archive writer calls. Its directory is one str
+    that the files of an entry share: a path a file, kept until the archive is written, was 120 bytes a file."""
 
     name: str
-    path: str
+    directory: str
     size: int
+
+    @property
+    def path(self) -> str:
+        return f"{self.directory}{os.sep}{self.name}"
 
     def read(self) -> bytes:
         try:
@@ -119,22 +125,22 @@ def kernel_info(metadata: dict) -> KernelInfo:
     def integer(value):
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
-    def text(value):
-        return value if isinstance(value, str) else None
+    def text(value):  # backend, version, arch, env: the same few values in every group, kept once (sys.intern)
+        return sys.intern(value) if isinstance(value, str) else None
 
     arch = target.get("arch")
 
-    env = {k: str(metadata[k]) for k in sorted(k for k in metadata if k.isupper() and _ENV_NAME.match(k))}
+    env = {text(k): text(str(metadata[k])) for k in sorted(k for k in metadata if k.isupper() and _ENV_NAME.match(k))}
     return KernelInfo(
         backend=text(target.get("backend")),
-        arch=arch if isinstance(arch, str) or integer(arch) is not None else None,
+        arch=text(arch) if isinstance(arch, str) else arch if integer(arch) is not None else None,
         warp_size=integer(target.get("warp_size")),
         num_warps=integer(metadata.get("num_warps")),
         num_stages=integer(metadata.get("num_stages")),
         num_ctas=integer(metadata.get("num_ctas")),
         shared=integer(metadata.get("shared")),
         triton_version=text(metadata.get("triton_version")),
-        hash=text(metadata.get("hash")),
+        hash=digest if isinstance(digest := metadata.get("hash"), str) else None,  # one a group: not interned
         env=env,
     )
 
@@ -261,7 +267,7 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan:
         kind=GROUP,
         key=key,
         name=group_name,
-        files=tuple(LocalFile(n, f"{key_dir}{os.sep}{n}", files[n]) for n in names),
+        files=tuple(LocalFile(n, key_dir, files[n]) for n in names),
         kernel=kernel_info(metadata),
         foreign_manifest=foreign,
     )
@@ -291,7 +297,7 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
         if name in orphans:
             continue
         path = os.path.join(key_dir, name)
-        local = (LocalFile(name, path, files[name]),)
+        local = (LocalFile(name, key_dir, files[name]),)
         if name.endswith(AUTOTUNE_SUFFIX):
             data = _read_json(path, files[name])
             try:

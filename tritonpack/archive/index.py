@@ -118,17 +118,20 @@ class IndexEncoding:
         }
         self._head = b"".join([packer.pack_map_header(len(head) + 3),
                                *(pack(k) + pack(v) for k, v in head.items()), pack("blocks")])
-        self._tail = pack("blobs") + pack([[b.block, b.offset, b.size, b.sha256] for b in blobs]) + \
-            pack("entries") + pack([
-                {
-                    "kind": e.kind,
-                    "key": e.key,
-                    "name": e.name,
-                    "files": [[f.name, blob] for f, blob in zip(e.files, file_blobs[i], strict=True)],
-                    "meta": _entry_meta(e),
-                }
-                for i, e in enumerate(entries)
-            ])
+        # The arrays element by element, as one packb of them would write them: a document of all the entries at
+        # once took as much memory again as the index (a map and a list a file, for tens of thousands of files).
+        tail = msgpack.Packer(use_bin_type=True, autoreset=False)  # each pack adds to one buffer
+        tail.pack("blobs")
+        tail.pack_array_header(len(blobs))
+        for b in blobs:
+            tail.pack([b.block, b.offset, b.size, b.sha256])
+        tail.pack("entries")
+        tail.pack_array_header(len(entries))
+        for i, e in enumerate(entries):
+            tail.pack({"kind": e.kind, "key": e.key, "name": e.name,
+                       "files": [[f.name, blob] for f, blob in zip(e.files, file_blobs[i], strict=True)],
+                       "meta": _entry_meta(e)})
+        self._tail = tail.bytes()
 
     def with_blocks(self, blocks) -> bytes:
         return self.with_table(msgpack.packb(block_table(blocks), use_bin_type=True))
