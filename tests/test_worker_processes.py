@@ -100,12 +100,12 @@ def test_the_manifests_go_out_in_a_share_a_worker(tmp_path, archive, three_worke
     log = tmp_path / "shares.log"
     real = workers._stage_item
 
-    def logged(w, reader, number, block, data, plan):
+    def logged(w, reader, number, block, data, plan, buffer):
         if block is None:  # runs in a worker: an appended line is the parent's to read
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.write(fd, f"{len(plan)}\n".encode())
             os.close(fd)
-        return real(w, reader, number, block, data, plan)
+        return real(w, reader, number, block, data, plan, buffer)
 
     monkeypatch.setattr(workers, "_stage_item", logged)
     tritonpack.unpack(archive, tmp_path / "root", processes=True)

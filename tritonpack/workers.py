@@ -21,6 +21,7 @@ Forking needs a local archive and what ``forking.fork_safe`` asks, which is why 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import select
 import signal
@@ -29,6 +30,7 @@ from collections.abc import Callable
 
 from .archive.format import IN_FLIGHT
 from .archive.index import Block
+from .archive.splice import BlockContent
 from .cachedest import manifest_json
 from .errors import CacheError
 from .forking import cores, die_with, fork_safe, receive_message, send_message
@@ -77,26 +79,11 @@ class Launcher:
             self.workers.close()
 
 
-def _reuse_block_memory() -> None:
-    """Have glibc's malloc keep a decoded block's memory for the next one (heap, not mmap; no trim), instead of
-    mapping fresh pages for each block. Page faults were 14% of an unpack's CPU, most of them zstd writing into
-    fresh blocks; with this, a 2-core unpack of the real cache took 19,900 faults in its workers instead of
-    36,400, and 12% less system time. Only in a worker: the setting is the whole process's."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: its largest value; a block under 32 MiB comes from the heap
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: freed heap memory stays for the next block
-    except (OSError, AttributeError):  # not glibc: fresh pages, as before
-        pass
-
-
-def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: bytes | None,
-                plan: Plan) -> list[tuple[int, int, int, str]]:
+def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: BlockContent | None,
+                plan: Plan, buffer: mmap.mmap) -> list[tuple[int, int, int, str]]:
     """Stage one item as planned: the files of block ``number`` (``data``: the block decompressed ahead, if it
-    was), each blob verified first; or, with no block, a share of the manifests. A function of its own so that
-    nothing of the block outlives it: a worker holds one at a time."""
+    was; else it is decompressed into ``buffer``), each blob verified first; or, with no block, a share of the
+    manifests. Every file is written before it returns: nothing may hold a view of ``buffer`` past it."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
     staged: list[tuple[int, int, int, str]] = []
@@ -109,7 +96,7 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
             jobs.append((directory, name, manifest_json(prefix, names)))
             owners.append((n, MANIFEST, 0))
     else:
-        decoded = data if data is not None else reader.read_block(number, block)
+        decoded = data if data is not None else reader.read_block(number, block, buffer)
         held = 0  # bytes of spliced cubins assembled, not views of the block: written every few MB
         for blob, offset, size, digest, where in plan:
             content = reader.verified(decoded, number, blob, offset, size, digest)
@@ -133,7 +120,10 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     temp files made, until told to stop. On failure its own unreported temp files go, and the error to the
     parent."""
     w = StageWriter(root)
-    ahead: tuple[int, bytes] | None = None  # (item, its block) decompressed before the plan came
+    # Every block is decompressed into this one map, sized for the largest: its pages are touched once, as the
+    # first blocks fill them, and hold no more than the largest block whatever the number of blocks.
+    buffer = mmap.mmap(-1, max(1, max(block.stored for block in blocks)))
+    ahead: tuple[int, BlockContent] | None = None  # (item, its block) decompressed before the plan came
     try:
         while True:
             message = receive_message(commands)
@@ -142,7 +132,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
             if message[0] == _HINT:
                 number = message[1]
                 try:
-                    ahead = (number, reader.read_block(items[number], blocks[items[number]]))
+                    ahead = (number, reader.read_block(items[number], blocks[items[number]], buffer))
                 except Exception:  # not fatal yet: the plan may not need this block, and if it does, it fails then
                     ahead = None
                 continue
@@ -153,7 +143,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
             data = ahead[1] if ahead is not None and ahead[0] == number else None
             ahead = None
             item = items[number]
-            staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan)
+            staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan, buffer)
             del data
             send_message(results, (True, staged))
             w.temps.clear()  # the parent's now
@@ -198,7 +188,6 @@ class StagingWorkers:
                 try:
                     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and cleans up
                     die_with(parent)
-                    _reuse_block_memory()
                     for fd in (commands_w, results_r, *(f for r, (_, c, _) in self.children.items() for f in (r, c))):
                         os.close(fd)
                     code = _work(reader, self.items, blocks, root, part, count, commands_r, results_w)

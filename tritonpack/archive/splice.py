@@ -161,7 +161,7 @@ class BlockContent:
     """A decoded block's content by byte range: the stored bytes, and the spliced texts derived where a range
     covers them (one at a time: a block's blobs are read in order, each cubin once)."""
 
-    def __init__(self, stored: bytes, splices: Sequence[Splice] = ()):
+    def __init__(self, stored: bytes | memoryview, splices: Sequence[Splice] = ()):
         self._stored = memoryview(stored)
         self._splices = splices
         self._ends = [s.at + s.length for s in splices]
