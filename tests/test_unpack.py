@@ -209,16 +209,21 @@ def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled
     assert (tmp_path / "parallel.tpack").read_bytes() == (tmp_path / "serial.tpack").read_bytes()
 
 
-@pytest.mark.parametrize(("threads", "most"), [(2, 2), (16, 4)])
-def test_compressions_at_once_fit_the_held_buffers(tmp_path, compiled_root, monkeypatch, threads, most):
+@pytest.mark.parametrize(("threads", "most", "many_files"), [(2, 2, False), (16, 4, False), (16, 1, True)])
+def test_compressions_at_once_fit_the_held_buffers(tmp_path, compiled_root, monkeypatch, threads, most, many_files):
     """Five block buffers whatever the cores: with few, two compress and one is read ahead; with many, four
-    compress and none is read ahead. Never more at once, and as many where there are blocks for them."""
+    compress and none is read ahead. Never more at once, and as many where there are blocks for them. Files
+    past ``FILES_HELD`` take buffers' places, down to two (one filled while the other compresses): the same
+    archive, in less memory."""
     import threading
 
     from tritonpack.archive import writer
     from tritonpack.cacheroot import scan_cache
 
     monkeypatch.setattr(writer, "HELD", 5 * 4096)
+    if many_files:  # each file past none "holds" a block: as in a cache of hundreds of thousands of files
+        monkeypatch.setattr(writer, "FILES_HELD", 0)
+        monkeypatch.setattr(writer, "FILE_HELD", 4096)
     real, lock, running, peak = writer.compress_block, threading.Lock(), [0], [0]
 
     def counted(data, level):
@@ -237,6 +242,19 @@ def test_compressions_at_once_fit_the_held_buffers(tmp_path, compiled_root, monk
     info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
     writer.write_archive(str(tmp_path / "a.tpack"), scan.entries, info, block_size=4096, threads=threads)
     assert peak[0] == most
+    monkeypatch.undo()
+    writer.write_archive(str(tmp_path / "b.tpack"), scan.entries, info, block_size=4096, threads=threads)
+    assert (tmp_path / "a.tpack").read_bytes() == (tmp_path / "b.tpack").read_bytes()
+
+
+def test_held_buffers_make_room_for_the_files():
+    from tritonpack.archive.writer import BLOCK_SIZE, held_buffers
+
+    assert held_buffers(0) == held_buffers(10_000) == 5
+    assert held_buffers(10_001) == 4  # a file's KB past ten thousand: a buffer's place
+    assert held_buffers(10_000 + BLOCK_SIZE // 1024) == 4
+    assert held_buffers(62_410) == 3  # ten copies of the real cache
+    assert held_buffers(187_230) == held_buffers(10**7) == 2
 
 
 def test_a_block_that_finishes_between_two_looks_is_still_written(tmp_path, compiled_root, monkeypatch):

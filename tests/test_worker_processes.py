@@ -95,6 +95,34 @@ def test_blocks_decoded_ahead_but_not_needed_are_dropped(tmp_path, archive, thre
     assert all(snapshot(root)[rel][2] == complete[rel][2] for rel in complete)
 
 
+def test_a_share_of_manifests_is_written_a_few_mb_at_a_time(tmp_path, archive, monkeypatch, counted_forks):
+    """One worker (a large index leaves room for no more) takes every manifest: they are written as they add up,
+    not all held until the last (110 MB in the worker for 23,000 groups)."""
+    from tritonpack.staging import StageWriter
+
+    log = tmp_path / "batches.log"
+    real = StageWriter.stage_batch
+
+    def logged(self, jobs):
+        if jobs and all((name or "").startswith("__grp__") for _, name, _ in jobs):
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.write(fd, f"{len(jobs)}\n".encode())
+            os.close(fd)
+        return real(self, jobs)
+
+    monkeypatch.setattr(workers, "worker_count", lambda reader, blocks: 1)
+    monkeypatch.setattr(workers, "HELD_ASSEMBLED", 1)  # every manifest is past it: written one at a time
+    monkeypatch.setattr(StageWriter, "stage_batch", logged)
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root, processes=True)
+    groups = sum(1 for _ in root.rglob("__grp__*.json"))
+    batches = [int(line) for line in log.read_text().split()]
+    assert len(counted_forks) == 1 and groups > 1 and batches == [1] * groups
+    tritonpack.unpack(archive, tmp_path / "threads")
+    assert comparable(root) == comparable(tmp_path / "threads")
+    assert no_child_left()
+
+
 def test_the_manifests_go_out_in_a_share_a_worker(tmp_path, archive, three_workers, monkeypatch):
     """Small last items even out the workers' ends: each manifest is written once, in one of three shares."""
     log = tmp_path / "shares.log"
@@ -211,6 +239,7 @@ def test_an_interrupted_parent_stops_its_workers_and_changes_nothing(tmp_path, a
 
 
 def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatch):
+    """Workers where a fork is safe and helps, as many as cores, blocks and memory allow."""
     from types import SimpleNamespace
 
     from tritonpack.archive.format import IN_FLIGHT
@@ -221,7 +250,8 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
         blocks = list(reader.index.blocks)
         # Other tests may leave a server thread running in this process: say how many threads there are.
         monkeypatch.setattr(threading, "active_count", lambda: 1)
-        assert reader.local and workers.worker_count(reader, blocks) == min(cores, len(blocks))
+        expected = min(cores, len(blocks))
+        assert reader.local and workers.worker_count(reader, blocks) == (expected if expected > 1 else 0)
         assert workers.worker_count(reader, []) == 0
         monkeypatch.setattr(threading, "active_count", lambda: 2)
         assert workers.worker_count(reader, blocks) == 0  # a fork would copy another thread's locks
@@ -244,8 +274,15 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
     with tritonpack.ArchiveReader(Wrapped(archive)) as remote:
         assert not remote.local and workers.worker_count(remote, blocks) == 0
 
+    small_index = SimpleNamespace(local=True, index_size=1 << 20)
     halves = [SimpleNamespace(size=IN_FLIGHT // 2)] * 8
-    assert workers.worker_count(SimpleNamespace(local=True), halves) == min(cores, 2)  # two at once
+    assert workers.worker_count(small_index, halves) == (2 if cores > 1 else 0)  # two at once
+    # The parent's share grows with the index: fewer workers, and one at least where threads would hold more.
+    blocks = [SimpleNamespace(size=32 << 20)] * 64
+    monkeypatch.setattr(workers, "cores", lambda: 16)
+    assert workers.worker_count(small_index, blocks) == 4  # IN_FLIGHT's share
+    assert workers.worker_count(SimpleNamespace(local=True, index_size=6 << 20), blocks) == 3
+    assert workers.worker_count(SimpleNamespace(local=True, index_size=18 << 20), blocks) == 1
 
 
 def _gone(pid: int) -> bool:

@@ -38,7 +38,7 @@ from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
-HELD_ASSEMBLED = 4 << 20  # a spliced block's cubins are new bytes each (format 1.1): written by the 4 MiB
+HELD_ASSEMBLED = 4 << 20  # a spliced block's cubins and the manifests are new bytes each: written by the 4 MiB
 _HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now; stage this item so; end
 
 # What a worker is told to write: for a block, [(blob, offset, size, sha256, [(directory, name or None, entry,
@@ -48,13 +48,27 @@ Plan = list
 Record = Callable[[int, int, int, str], None]  # entry, file (or staging.MANIFEST), size, temp path
 
 
+# What the processes of an unpack may hold together (summed PSS): the performance goal's 256 MB, less a margin. The
+# parent holds the index and the plan, about ten times the index's msgpack bytes (22 MB for the real cache's 0.6 MB
+# index, 77 MB for ten copies of it, 6.0 MB, 62,410 files, on 2 cores); a worker its map of the largest block and
+# about 12 MB of its own (39-44 MB a worker for 32 MiB blocks on the H200 host).
+MEMORY = 240 << 20
+PARENT_BASE, PARENT_PER_INDEX_BYTE, WORKER_BASE = 16 << 20, 10, 12 << 20
+
+
 def worker_count(reader, blocks: list[Block]) -> int:
-    """How many workers to fork (below 2: stage in threads): one a block, a core, and a block's share of
-    ``IN_FLIGHT``; none where a fork is not safe."""
+    """How many workers to fork (none: stage in threads): one a block, a core, and a block's share of
+    ``IN_FLIGHT``, and as many as fit in ``MEMORY`` beside the parent, whose share grows with the index (but one
+    at least: a worker holds one block, where threads would hold up to ``IN_FLIGHT``). None where a fork is not
+    safe, or where one worker would do (one core, one block)."""
     if not blocks or not reader.local or not fork_safe():
         return 0
     biggest = max(block.size for block in blocks)
-    return min(cores(), len(blocks), max(1, IN_FLIGHT // max(biggest, 1)))
+    count = min(cores(), len(blocks), max(1, IN_FLIGHT // max(biggest, 1)))
+    if count < 2:
+        return 0
+    parent = PARENT_BASE + PARENT_PER_INDEX_BYTE * reader.index_size
+    return max(1, min(count, (MEMORY - parent) // (WORKER_BASE + biggest)))
 
 
 class Launcher:
@@ -67,7 +81,7 @@ class Launcher:
 
     def __call__(self, reader, blocks: list[Block]) -> None:
         count = worker_count(reader, blocks)
-        if count >= 2:
+        if count:
             workers = StagingWorkers(reader, self.root, blocks, count)
             self.workers = workers if workers.children else None
 
@@ -87,29 +101,35 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
     staged: list[tuple[int, int, int, str]] = []
+    held = 0  # bytes made here (manifests, spliced cubins), not views of the block: written every few MB
 
     def write() -> None:
         staged.extend((*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True))
+        jobs.clear()
+        owners.clear()
+
+    def made(size: int) -> None:
+        nonlocal held
+        held += size
+        if held > HELD_ASSEMBLED:
+            write()
+            held = 0
 
     if block is None:
         for directory, name, n, prefix, names in plan:
-            jobs.append((directory, name, manifest_json(prefix, names)))
+            content = manifest_json(prefix, names)
+            jobs.append((directory, name, content))
             owners.append((n, MANIFEST, 0))
+            made(len(content))
     else:
         decoded = data if data is not None else reader.read_block(number, block, buffer)
-        held = 0  # bytes of spliced cubins assembled, not views of the block: written every few MB
         for blob, offset, size, digest, where in plan:
             content = reader.verified(decoded, number, blob, offset, size, digest)
             for directory, name, n, i in where:
                 jobs.append((directory, name, content))
                 owners.append((n, i, size))
             if not isinstance(content, memoryview):
-                held += size
-                if held > HELD_ASSEMBLED:
-                    write()
-                    jobs.clear()
-                    owners.clear()
-                    held = 0
+                made(size)
     write()
     return staged
 

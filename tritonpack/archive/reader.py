@@ -99,10 +99,11 @@ class ArchiveReader:
         """``source``: a path, or any ``ByteSource`` (size and positional reads). ``on_blocks``: called with the
         checked block table as soon as it is read, before the rest of the index is decoded and checked (unpack
         forks its workers there, to decode blocks meanwhile); not called where the table cannot be read ahead.
-        Until the constructor returns, only ``read_block`` and ``local`` may be used."""
+        Until the constructor returns, only ``read_block``, ``local`` and ``index_size`` may be used."""
         self._source = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
         self.path = self._source.name
         self._on_blocks = on_blocks
+        self.index_size = 0  # bytes of the decompressed index, from the trailer
         try:
             self._index = self._read_index()
         except BaseException:
@@ -117,6 +118,7 @@ class ArchiveReader:
             raise ArchiveError("truncated archive (no trailer)", self.path)
         trailer = parse_trailer(source.read_at(size - TRAILER_SIZE, TRAILER_SIZE), size, self.path)
         check_ratio(trailer.index_size, trailer.index_length, "index", self.path)
+        self.index_size = trailer.index_size
         compressed = source.read_at(trailer.index_offset, trailer.index_length)
         digest = hashlib.sha256(compressed)
         if digest.digest() != trailer.index_sha256:

@@ -55,6 +55,19 @@ DEFAULT_SEARCH_LOG = 3  # see compress_block
 # pack is 173 MB with two compressing and a read ahead, 219-221 MB with four (bench/results/perf-*torch*.json).
 HELD = 5 * BLOCK_SIZE
 MOST_HELPERS = 4  # forked helpers of a pack (helpers.py), where there are twice as many cores
+# The pack also holds about 1 KB a file until its index is written (the scan's entries, each file's digest, blob
+# and place in the index; 0.9 KB measured: summed PSS 163 MB for the real cache's 6,241 files, 214 MB for ten
+# copies of it, on 2 cores). Up to ``FILES_HELD`` files fit beside five blocks (224-245 MB of summed PSS on the
+# 16-core host for 6,241 and 9,600 files); each block's worth of files more takes a block buffer's place.
+FILES_HELD, FILE_HELD = 10_000, 1024
+FEWEST_BUFFERS = 2
+
+
+def held_buffers(files: int, block_size: int = BLOCK_SIZE) -> int:
+    """Block buffers a pack of ``files`` files holds: five, less one for each block's worth of per-file memory
+    past ``FILES_HELD`` files, two at least (one filled while one compresses)."""
+    beyond = max(0, files - FILES_HELD) * FILE_HELD
+    return max(FEWEST_BUFFERS, HELD // block_size - (beyond + block_size - 1) // block_size)
 
 
 class SourceFile(Protocol):
@@ -344,7 +357,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     # as one ends: pack 0.92 and 0.96 of the time with four (host, synthetic and real cache), for one more 5.5 MB
     # zstd context. A read ahead takes a buffer of its own: only where the compressions and the block being filled
     # leave one spare (with helpers on 4 cores, four compress and the fifth buffer is filled: no sixth buffer).
-    buffers = HELD // block_size
+    buffers = held_buffers(sum(len(e.files) for e in entries), block_size)
     slots = buffers if helpers is not None else buffers - 1
     most_compressing = max(1, min(threads, slots))
     read_ahead = most_compressing + 1 < buffers
@@ -399,7 +412,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
 
     plan = _plan(units, block_size)
     if helpers is not None and helpers.block_size == block_size:
-        free.extend(helpers.buffers)
+        free.extend(helpers.buffers[:buffers])  # the others are never touched: no memory of theirs is used
     # Separate pools: reads must not queue behind compressions, or the next block waits for its files. Reads of
     # cached files are CPU work (copy, hash): more reader threads than cores only contend (2 cores: 2 readers fill
     # a block in 0.037 s, 4 in 0.05 s); four keep a disk busy where there are cores for them. With helpers, each
