@@ -64,11 +64,18 @@ _Record = Callable[[int, int, int, str], None]  # entry, file (or MANIFEST), siz
 
 
 class _Staged:
-    """An entry's files staged so far, filled in as workers finish them."""
+    """An entry's files staged so far, filled in as workers finish them. In a staging directory a file has its
+    own name there: its path is not kept (120 bytes a file, for the hundreds of thousands of files of a large
+    cache), only that it is staged."""
 
-    def __init__(self) -> None:
-        self.files: dict[int, str] = {}  # file index -> temp path
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory  # the entry's staging directory, if its key directory is made whole
+        self.files: dict[int, str | None] = {}  # file index -> temp path, or None: staged in ``directory``
         self.manifest: str | None = None
+
+    def path(self, i: int, name: str) -> str:
+        temp = self.files[i]
+        return temp if temp is not None else f"{self.directory}{os.sep}{name}"
 
 
 def _existing_ancestor(path: str) -> str:
@@ -164,7 +171,8 @@ class StageWriter:
                         with contextlib.suppress(FileExistsError):  # made meanwhile by another writer of this run
                             os.mkdir(directory)
                         fd = os.open(path, _NEW_FILE, 0o666)
-                self.temps.add(path)
+                if name is None:  # a staging directory goes whole, with every file in it (``abandon``)
+                    self.temps.add(path)
                 _write_all(fd, data)
                 paths.append(path)
         except OSError as e:  # name the directory: the temp file is gone by the time the error is shown
@@ -235,11 +243,12 @@ def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[P
     files = size = 0
     for i, temp in staged.files.items():
         if i in now.files:
-            w.move(temp, os.path.join(key_dir, p.entry.files[i].name))
+            name = p.entry.files[i].name
+            w.move(staged.path(i, name), os.path.join(key_dir, name))
             files += 1
             size += p.entry.files[i].size
         else:
-            w.discard(temp)
+            w.discard(temp)  # in a staging directory (None), it goes with the directory
     if now.writes_manifest and staged.manifest is not None:
         w.move(staged.manifest, os.path.join(key_dir, manifest_name(p.entry.name)))
     else:
@@ -311,7 +320,6 @@ def write_staged(
     check_space(root, [placements[n] for n in active], [manifest_size(root, placements[n].entry) for n in manifests])
     w = StageWriter(root)
     try:
-        staged: dict[int, _Staged] = {n: _Staged() for n in active}
         by_key: dict[str, list[int]] = {}
         for n in active:
             by_key.setdefault(placements[n].entry.key, []).append(n)
@@ -324,6 +332,7 @@ def write_staged(
                 w.ensure_dir(key_dir)
             else:
                 stage_dirs[key] = w.stage_dir()
+        staged = {n: _Staged(stage_dirs.get(placements[n].entry.key)) for n in active}
 
         def where(n: int) -> tuple[str, bool]:
             """Where entry ``n`` writes: its staging directory (under final names, True), or its key directory
@@ -348,11 +357,12 @@ def write_staged(
             entry = placements[n].entry
             manifest_jobs.append((directory, manifest_name(entry.name) if named else None, n, entry))
 
-        def record(n: int, i: int, size: int, temp: str) -> None:
+        def record(n: int, i: int, size: int, temp: str | None) -> None:
             if i == MANIFEST:
                 staged[n].manifest = temp
                 return
-            staged[n].files[i] = temp
+            entry = staged[n]
+            entry.files[i] = None if entry.directory is not None else temp
             if on_file:
                 on_file(size)
 

@@ -49,8 +49,8 @@ Record = Callable[[int, int, int, str], None]  # entry, file (or staging.MANIFES
 
 
 # What the processes of an unpack may hold together (summed PSS): the performance goal's 256 MB, less a margin. The
-# parent holds the index and the plan, about ten times the index's msgpack bytes (22 MB for the real cache's 0.6 MB
-# index, 77 MB for ten copies of it, 6.0 MB, 62,410 files, on 2 cores); a worker its map of the largest block and
+# parent holds the index and the plan, under ten times the index's msgpack bytes (22 MB for the real cache's 0.6 MB
+# index, 67 MB for ten copies of it, 6.0 MB, 62,410 files, on 2 cores); a worker its map of the largest block and
 # about 12 MB of its own (39-44 MB a worker for 32 MiB blocks on the H200 host).
 MEMORY = 240 << 20
 PARENT_BASE, PARENT_PER_INDEX_BYTE, WORKER_BASE = 16 << 20, 10, 12 << 20
@@ -104,7 +104,11 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     held = 0  # bytes made here (manifests, spliced cubins), not views of the block: written every few MB
 
     def write() -> None:
-        staged.extend((*o, p) for o, p in zip(owners, w.stage_batch(jobs), strict=True))
+        """Report each file staged: its path where it has a temp name, or is a manifest; None where it has its
+        own name in a staging directory (the parent knows where, and need not hold a path a file)."""
+        paths = w.stage_batch(jobs)
+        staged.extend((n, i, size, path if job[1] is None or i == MANIFEST else None)
+                      for (n, i, size), path, job in zip(owners, paths, jobs, strict=True))
         jobs.clear()
         owners.clear()
 
@@ -220,10 +224,15 @@ class StagingWorkers:
 
     def stage(self, w: StageWriter, targets: dict[int, list], manifests: list[tuple[str, str | None, int, object]],
               record: Record) -> None:
-        """Stage every planned file (``targets``: blob -> where it goes) and manifest (directory, name, entry
-        number, entry) through the workers; ``record`` each temp file as it is reported. Raises the first error,
-        after the other workers have finished their item (their files recorded, for the caller to clean up)."""
+        """Stage every planned file (``targets``: blob -> where it goes; consumed, each blob's part as its plan
+        goes out, so that the plans and the temp files reported are not all held at once) and manifest
+        (directory, name, entry number, entry) through the workers; ``record`` each temp file as it is reported.
+        Raises the first error, after the other workers have finished their item (their files recorded, for the
+        caller to clean up)."""
         by_block = self.reader.blocks_of(targets)
+        # Where temp names may be left by a worker that dies: key directories (staging directories go whole).
+        swept = {d for where in targets.values() for d, name, _, _ in where if name is None} | \
+            {directory for directory, name, _, _ in manifests if name is None}
         refs = self.reader.index.blobs
         shares = [number for number, item in enumerate(self.items) if item == MANIFESTS]
         cuts = [len(manifests) * k // len(shares) for k in range(len(shares) + 1)]
@@ -233,7 +242,7 @@ class StagingWorkers:
             if self.items[number] == MANIFESTS:
                 return [(directory, name, n, os.path.join(w.root, entry.key, ""), [f.name for f in entry.files])
                         for directory, name, n, entry in manifests_of[number]]
-            return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, targets[blob])
+            return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, targets.pop(blob))
                     for blob in by_block[self.items[number]]]
 
         # The items to stage, by cost. A block with nothing to write (all in place, or not taken) is dropped; a
@@ -282,7 +291,8 @@ class StagingWorkers:
                         continue
                     follow(commands, None)  # its next item first: the bookkeeping waits, not the worker
                     for n, i, size, temp in data:
-                        w.temps.add(temp)
+                        if temp is not None:
+                            w.temps.add(temp)
                         record(n, i, size, temp)
             if error is not None:
                 raise error
@@ -290,8 +300,7 @@ class StagingWorkers:
             self.close()
             # A worker that was killed, or died, may have left temp files it never reported: they carry this
             # run's token. (Those in staging directories go with the directories.)
-            w.sweep({d for where in targets.values() for d, name, _, _ in where if name is None} |
-                    {directory for directory, name, _, _ in manifests if name is None})
+            w.sweep(swept)
             raise
 
     def close(self) -> None:
