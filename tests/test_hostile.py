@@ -241,3 +241,28 @@ def test_kernel_metadata_fast_path_agrees_with_the_checked_path(meta):
     except tritonpack.ArchiveError:
         checked = None
     assert fast is None or fast == checked
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
+    """``check_index`` (a writer's check of its own index, which keeps nothing it decodes) takes and refuses the
+    indexes ``decode_index`` takes and refuses, with the same message."""
+    from tritonpack.archive.index import check_index, decode_index
+
+    build, _, env = CASES[name]
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    data = build()
+    try:
+        offset, length, size = struct.unpack_from("<QQQ", data, len(data) - 64)
+        raw = zstandard.ZstdDecompressor().decompress(data[offset:offset + length], max_output_size=size)
+    except Exception:  # no index to decode: a header, trailer or frame case
+        return
+    outcomes = []
+    for decode in (decode_index, check_index):
+        try:
+            decode(raw, "a.tpack", (1, 1))
+            outcomes.append(None)
+        except tritonpack.ArchiveError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]

@@ -40,8 +40,8 @@ from .index import (
     Block,
     IndexEncoding,
     block_table,
+    check_index,
     decode_blocks,
-    decode_index,
 )
 
 BLOCK_SIZE = 32 * 1024 * 1024  # a window that spans many alike files, small enough to decode in parallel
@@ -305,6 +305,12 @@ def _plan(units: Sequence[tuple[tuple[int, int, SourceFile], ...]], block_size: 
         yield _laid_out(run), size
 
 
+def _consumed(items: list):
+    """The items of a reversed list in their first order, each dropped from the list as it is taken."""
+    while items:
+        yield items.pop()
+
+
 def _laid_out(run) -> list[tuple[int, int, SourceFile, int]]:
     """A run's files in block order, with their offsets: consecutive pairs lay all their ``.ptx`` files, then
     all their cubins in the same order (alike bytes together, and each .ptx before its cubin)."""
@@ -410,7 +416,8 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
             else:
                 return
 
-    plan = _plan(units, block_size)
+    units.reverse()  # taken from the end as blocks are planned: two tuples a file, not all held to the pack's end
+    plan = _plan(_consumed(units), block_size)
     if helpers is not None and helpers.block_size == block_size:
         free.extend(helpers.buffers[:buffers])  # the others are never touched: no memory of theirs is used
     # Separate pools: reads must not queue behind compressions, or the next block waits for its files. Reads of
@@ -486,7 +493,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
         stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
         # Never write what a reader would reject. The real table differs from the stand-in only in offsets and
         # lengths, which this function sets, in order, from the blocks it writes.
-        decode_index(encoding.with_blocks(stand_in), out.name, info.format_version)
+        check_index(encoding.with_blocks(stand_in), out.name, info.format_version)
         settle(0)
 
     if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
