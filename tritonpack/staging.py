@@ -60,7 +60,7 @@ MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's 
 
 _Manifest = tuple[str, "str | None", int, Entry]  # directory, name or None (a temp name), entry number, entry
 _Targets = dict[int, list[tuple[str, "str | None", int, int]]]  # blob -> (directory, name, entry, file) it makes
-_Record = Callable[[int, int, int, str], None]  # entry, file (or MANIFEST), size, temp path
+_Record = Callable[[int, int, int, str | None], None]  # entry, file (or MANIFEST), size, temp path or None
 
 
 class _Staged:

@@ -45,7 +45,7 @@ _HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now
 # file), ...]), ...]; for the manifests, [(directory, name or None, entry, path prefix, file names), ...]. A name
 # None is a temp name.
 Plan = list
-Record = Callable[[int, int, int, str], None]  # entry, file (or staging.MANIFEST), size, temp path
+Record = Callable[[int, int, int, str | None], None]  # entry, file (or staging.MANIFEST), size, temp path or None
 
 
 # What the processes of an unpack may hold together (summed PSS): the performance goal's 256 MB, less a margin. The
@@ -94,13 +94,13 @@ class Launcher:
 
 
 def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: BlockContent | None,
-                plan: Plan, buffer: mmap.mmap) -> list[tuple[int, int, int, str]]:
+                plan: Plan, buffer: mmap.mmap) -> list[tuple[int, int, int, str | None]]:
     """Stage one item as planned: the files of block ``number`` (``data``: the block decompressed ahead, if it
     was; else it is decompressed into ``buffer``), each blob verified first; or, with no block, a share of the
     manifests. Every file is written before it returns: nothing may hold a view of ``buffer`` past it."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
-    staged: list[tuple[int, int, int, str]] = []
+    staged: list[tuple[int, int, int, str | None]] = []
     held = 0  # bytes made here (manifests, spliced cubins), not views of the block: written every few MB
 
     def write() -> None:

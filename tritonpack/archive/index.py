@@ -395,8 +395,8 @@ def check_index(raw: bytes, path: str, version: tuple[int, int]) -> None:
 # two long arrays are read element by element as msgpack decodes them and checked as they come; otherwise as part
 # of one document. The checks, and their order, are the same either way.
 _HEAD_KEYS = frozenset({"format", "version", "producer", "python", "triton", "blocks"})
-_ARRAY_HEADS = frozenset({*range(0x90, 0xA0), 0xDC, 0xDD})  # msgpack's type bytes of an array, and of a map:
-_MAP_HEADS = frozenset({*range(0x80, 0x90), 0xDE, 0xDF})
+_ARRAY_HEADS = frozenset({*range(0x90, 0xA0), 0xDC, 0xDD})  # msgpack's type bytes of an array
+_MAP_HEADS = frozenset({*range(0x80, 0x90), 0xDE, 0xDF})  # and of a map
 
 
 def _decode_index(raw: bytes, path: str, version: tuple[int, int], keep: bool = True) -> Index:

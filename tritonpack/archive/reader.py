@@ -72,7 +72,7 @@ def _decompress_into(data: bytes, size: int, buffer, what: str, path: str) -> me
     try:
         if _frame_length(data) != len(data):
             raise ArchiveError(f"{what} is corrupt (bytes after its frame)", path)
-    except (ValueError, zstandard.ZstdError) as e:
+    except (ValueError, IndexError, zstandard.ZstdError) as e:
         raise ArchiveError(f"{what} is corrupt ({e})", path) from None
     view = memoryview(buffer)[:size]
     got = 0
