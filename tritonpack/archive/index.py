@@ -415,7 +415,12 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int], keep: bool = 
     head: tuple[ArchiveInfo, list[Block]] | None = None
     blobs: list[BlobRef] | None = None
     decoded: tuple[list[Entry], list[tuple[int, ...]], int] | None = None
-    for _ in range(_unpacked(unpacker.read_map_header, path)):
+    count = _unpacked(unpacker.read_map_header, path)
+    if count > budget.most:
+        raise ArchiveError("index is not valid msgpack (ValueError)", path)
+    if budget.counted:  # as msgpack's ``object_hook`` would have spent for the map
+        _unpacked(lambda: budget.spend(4 + 2 * count), path)
+    for _ in range(count):
         key = _unpacked(unpacker.unpack, path)
         if type(key) is not str and type(key) is not bytes:  # as strict_map_key refuses a key within a value
             raise ArchiveError("index is not valid msgpack (ValueError)", path)
