@@ -86,8 +86,8 @@ def test_a_block_that_expands_past_any_fixed_ratio_is_unpacked(tmp_path, compile
     Earlier, a block above 1 MiB that expanded more than 1000x was refused as a bomb."""
     root = tmp_path / "cache"
     shutil.copytree(compiled_root, root)
-    source = next(root.glob("*/*.source"))
-    padded = source.read_bytes() + b"# the same comment, line after line\n" * (40 << 20 >> 5)
+    source = next(root.glob("*/*.ttir"))  # what every Triton version writes
+    padded = source.read_bytes() + b"// the same comment, line after line\n" * (40 << 20 >> 5)
     source.write_bytes(padded)  # larger than a block: a block of its own
     archive = tmp_path / "k.tpack"
     tritonpack.pack(root, archive)
