@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import marshal
+import mmap
 import os
 import pickle
 import signal
@@ -149,4 +150,13 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
-__all__ = ["fork_safe", "cores", "die_with", "forked_map", "send_message", "receive_message"]
+def private_map(size: int) -> mmap.mmap:
+    """Anonymous memory of this process alone, its pages untouched until written: a private map, where
+    ``mmap.mmap(-1, size)`` would be a shared one, which costs more to fault in and to free (five 32 MiB maps
+    filled in 107 ms against 129 on the 16-core host; ``bench/block_buffer_probe.py``)."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, size)
+
+
+__all__ = ["private_map", "fork_safe", "cores", "die_with", "forked_map", "send_message", "receive_message"]

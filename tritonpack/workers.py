@@ -33,7 +33,7 @@ from .archive.index import Block
 from .archive.splice import BlockContent
 from .cachedest import manifest_json
 from .errors import CacheError
-from .forking import cores, die_with, fork_safe, receive_message, send_message
+from .forking import cores, die_with, fork_safe, private_map, receive_message, send_message
 from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
@@ -146,7 +146,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     w = StageWriter(root)
     # Every block is decompressed into this one map, sized for the largest: its pages are touched once, as the
     # first blocks fill them, and hold no more than the largest block whatever the number of blocks.
-    buffer = mmap.mmap(-1, max(1, max(block.stored for block in blocks)))
+    buffer = private_map(max(1, max(block.stored for block in blocks)))
     ahead: tuple[int, BlockContent] | None = None  # (item, its block) decompressed before the plan came
     try:
         while True:

@@ -20,7 +20,7 @@ import msgpack
 import zstandard
 
 from ..errors import ArchiveError, CacheError, UsageError
-from ..forking import cores, fork_safe
+from ..forking import cores, fork_safe, private_map
 from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
 from . import splice
 from .format import (
@@ -253,14 +253,10 @@ def forked_helpers(threads: int | None = None) -> BlockHelpers | None:
 
 
 def block_buffer(size: int) -> mmap.mmap:
-    """A block buffer of this process alone: an anonymous map, not a bytearray (bytearray(n) zero-fills n bytes in
-    the writer's thread, 20 ms for a block on the path to its first read, where the map's pages are faulted in by
-    the reader threads), and private: a shared map, as helpers need, costs more to fault in and to free (five
-    32 MiB maps filled in 129 ms against 107, and unmapped in 22 ms against 9, on the 16-core host:
-    ``bench/block_buffer_probe.py``)."""
-    if hasattr(mmap, "MAP_PRIVATE"):
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return mmap.mmap(-1, size)
+    """A block buffer of this process alone (``forking.private_map``; helpers need shared ones): a map, not a
+    bytearray, which zero-fills its bytes in the writer's thread (20 ms for a block on the path to its first read,
+    where the map's pages are faulted in by the reader threads)."""
+    return private_map(size)
 
 
 def release(buffer: mmap.mmap, shared: bool) -> None:
