@@ -76,9 +76,18 @@ def test_helpers_make_the_same_archive(tmp_path, compiled_root, monkeypatch, cou
     monkeypatch.setattr(writer, "_fill", fill)
     monkeypatch.setattr(helpers, "read_files", read_files)
     monkeypatch.setattr(splice, "plan", plan)
+    helpers_at_index = []  # helpers still running when the index is encoded: none unless they plan splices
+    real_encoding = writer.IndexEncoding
+
+    def encoding(*args):
+        helpers_at_index.append(len(forked._children))
+        return real_encoding(*args)
+
+    monkeypatch.setattr(writer, "IndexEncoding", encoding)
     with BlockHelpers(2, 5, BLOCK) as forked:
         assert len(counted_forks) == forked.count == 2
         assert _write(tmp_path / "helpers.tpack", entries, splice_ptx, forked, threads) == plain
+    assert helpers_at_index == [2 if splice_ptx else 0]
     assert all(size > BLOCK for size in made)  # never a sixth block buffer (a read ahead on 4 cores once made one)
     assert bool(read_here) == (failing is not None)  # every read in the helpers, unless they fail
     assert bool(planned_here) == (splice_ptx and failing == "helpers die")

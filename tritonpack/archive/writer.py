@@ -478,6 +478,10 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
                 recycle(buffer)
             settle(min(most_compressing, buffers - 1))
             current = following if read_ahead else start_reading()
+        # Every file is read: helpers that plan no splices have nothing left to do, and their memory goes before
+        # the index is encoded (on 16 cores, 12-20 MB each for a cache of 187,230 files, at the pack's peak).
+        if helpers is not None and not splice_ptx:
+            helpers.close()
         # The index, but for its block table, is encoded and checked while the last blocks compress.
         model = tuple(
             Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[i]),
