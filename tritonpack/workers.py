@@ -37,6 +37,9 @@ from .forking import cores, die_with, fork_safe, private_map, receive_message, s
 from .staging import MANIFEST, StageWriter
 
 MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
+# Manifests in one share at most: where one worker took every manifest of 23,000 groups, their plan and its message
+# held about 24 MB in the worker at once. More shares are added after the fork, as items past the worker's list.
+MANIFESTS_A_SHARE = 2_000
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
 HELD_ASSEMBLED = 4 << 20  # a spliced block's cubins and the manifests are new bytes each: written by the 4 MiB
 _HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now; stage this item so; end
@@ -166,7 +169,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
                 w.lock.share_names(part, parts)
             data = ahead[1] if ahead is not None and ahead[0] == number else None
             ahead = None
-            item = items[number]
+            item = items[number] if number < len(items) else MANIFESTS  # a share added after the fork
             staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan, buffer)
             del data
             send_message(results, (True, staged))
@@ -234,6 +237,8 @@ class StagingWorkers:
         swept = {d for where in targets.values() for d, name, _, _ in where if name is None} | \
             {directory for directory, name, _, _ in manifests if name is None}
         refs = self.reader.index.blobs
+        missing = -(-len(manifests) // MANIFESTS_A_SHARE) - self.items.count(MANIFESTS)
+        self.items += [MANIFESTS] * max(0, missing)
         shares = [number for number, item in enumerate(self.items) if item == MANIFESTS]
         cuts = [len(manifests) * k // len(shares) for k in range(len(shares) + 1)]
         manifests_of = {number: manifests[cuts[k]:cuts[k + 1]] for k, number in enumerate(shares)}
