@@ -36,7 +36,7 @@ from .errors import CacheError
 from .forking import cores, die_with, fork_safe, private_map, receive_message, send_message
 from .staging import MANIFEST, StageWriter
 
-MANIFESTS = -1  # an item that writes a share of the manifests, one share a worker (blocks are numbered from 0)
+MANIFESTS = -1  # an item that writes a share of the manifests, a share a worker or more (blocks: from 0)
 # Manifests in one share at most: where one worker took every manifest of 23,000 groups, their plan and its message
 # held about 24 MB in the worker at once. More shares are added after the fork, as items past the worker's list.
 MANIFESTS_A_SHARE = 2_000

@@ -6,6 +6,7 @@ Unknown map keys are ignored (forward compatibility within format major version 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import re
@@ -37,7 +38,7 @@ CODEC_ZSTD = "zstd"
 CODEC_ZSTD_SPLICE = "zstd-splice"  # format 1.1: a zstd frame of the content without its splices (spec §5.1)
 MAX_META_DEPTH = 32  # reader policy: autotune values are printed and turned into JSON, which recurse
 KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
-_READ_SIZE = 1 << 16  # bytes msgpack reads at a time from an index (a view of it: the index is not copied)
+_READ_SIZE = 1 << 16  # bytes msgpack reads at a time from an index
 
 
 class Block(NamedTuple):
@@ -354,9 +355,8 @@ def read_block_table(raw: bytes, path: str) -> list[Block] | None:
     values are not built. None where the index is not a map holding one well-formed block table: then
     ``decode_index`` names the problem."""
     try:
-        unpacker = msgpack.Unpacker(io.BytesIO(raw), read_size=_READ_SIZE, max_buffer_size=max(len(raw), _READ_SIZE),
-                                    raw=False, strict_map_key=True, max_array_len=len(raw), max_map_len=len(raw),
-                                    max_bin_len=len(raw), max_str_len=len(raw), max_ext_len=len(raw))
+        unpacker = _unpacker(raw, max_array_len=len(raw), max_map_len=len(raw), max_bin_len=len(raw),
+                             max_str_len=len(raw), max_ext_len=len(raw))
         for _ in range(unpacker.read_map_header()):
             if unpacker.unpack() == "blocks":
                 table = unpacker.unpack()
@@ -367,28 +367,36 @@ def read_block_table(raw: bytes, path: str) -> list[Block] | None:
     return None
 
 
-def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
-    """Decode and check an index. The cyclic collector is paused meanwhile: a large index makes tens of thousands
-    of objects, none of them in a cycle, and a full collection over them was 15% of a `list`."""
+def _unpacker(raw: bytes, **options) -> msgpack.Unpacker:
+    """An unpacker that reads through a view of ``raw``: one fed ``raw`` copies the whole index into its buffer."""
+    return msgpack.Unpacker(io.BytesIO(raw), read_size=_READ_SIZE, max_buffer_size=max(len(raw), _READ_SIZE),
+                            raw=False, strict_map_key=True, **options)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The cyclic collector paused: a large index makes tens of thousands of objects, none of them in a cycle,
+    and a full collection over them was 15% of a `list`."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _decode_index(raw, path, version)
+        yield
     finally:
         if collecting:
             gc.enable()
+
+
+def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
+    """Decode and check an index."""
+    with _collector_paused():
+        return _decode_index(raw, path, version)
 
 
 def check_index(raw: bytes, path: str, version: tuple[int, int]) -> None:
     """Every check of ``decode_index``, without keeping the entries it decodes: a writer checks its own index so,
     at the end of a pack, where a decoded copy beside the writer's own model took 0.4 KB more a file."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with _collector_paused():
         _decode_index(raw, path, version, keep=False)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 # The keys a writer puts before ``blobs`` and ``entries`` (``IndexEncoding``). Where an index has them first, its
@@ -404,9 +412,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int], keep: bool = 
     made from it took twice the memory of the index alone (57 MB against 29 for 55,000 files), the peak of every
     ``list`` and of an unpack's parent."""
     budget = IndexBudget(len(raw))
-    # Read through a view of ``raw``, not fed to the unpacker: feeding copies the whole index into its buffer.
-    unpacker = msgpack.Unpacker(io.BytesIO(raw), read_size=_READ_SIZE, max_buffer_size=max(len(raw), _READ_SIZE),
-                                raw=False, strict_map_key=True, use_list=True, **budget.unpack_options())
+    unpacker = _unpacker(raw, use_list=True, **budget.unpack_options())
     if not raw or raw[0] not in _MAP_HEADS:  # not a map: the document's own check says so
         data = _unpacked(unpacker.unpack, path)
         _check_end(unpacker, len(raw), path)
@@ -416,10 +422,7 @@ def _decode_index(raw: bytes, path: str, version: tuple[int, int], keep: bool = 
     blobs: list[BlobRef] | None = None
     decoded: tuple[list[Entry], list[tuple[int, ...]], int] | None = None
     count = _unpacked(unpacker.read_map_header, path)
-    if count > budget.most:
-        raise ArchiveError("index is not valid msgpack (ValueError)", path)
-    if budget.counted:  # as msgpack's ``object_hook`` would have spent for the map
-        _unpacked(lambda: budget.spend(4 + 2 * count), path)
+    _spend_header(budget, count, 4 + 2 * count, path)  # as msgpack's ``object_hook`` would have for the map
     for _ in range(count):
         key = _unpacked(unpacker.unpack, path)
         if type(key) is not str and type(key) is not bytes:  # as strict_map_key refuses a key within a value
@@ -461,6 +464,15 @@ def _msgpack_error(error: Exception, path: str) -> ArchiveError:
     return ArchiveError(f"index is not valid msgpack ({type(error).__name__})", path)
 
 
+def _spend_header(budget: IndexBudget, count: int, cost: int, path: str) -> None:
+    """A map's or array's length, read by hand: refused past the length msgpack's own limit allows, and spent for
+    as its hooks would have."""
+    if count > budget.most:
+        raise ArchiveError("index is not valid msgpack (ValueError)", path)
+    if budget.counted:
+        _unpacked(lambda: budget.spend(cost), path)
+
+
 def _check_end(unpacker: msgpack.Unpacker, size: int, path: str) -> None:
     if unpacker.tell() != size:
         raise ArchiveError("index is not valid msgpack (ExtraData)", path)
@@ -470,10 +482,7 @@ def _elements(unpacker: msgpack.Unpacker, budget: IndexBudget, path: str):
     """The elements of the array at the unpacker's position, one at a time, the array spent for as msgpack's
     ``list_hook`` would have."""
     count = _unpacked(unpacker.read_array_header, path)
-    if count > budget.most:
-        raise ArchiveError("index is not valid msgpack (ValueError)", path)
-    if budget.counted:
-        _unpacked(lambda: budget.spend(1 + count), path)
+    _spend_header(budget, count, 1 + count, path)
     unpack = unpacker.unpack
     for _ in range(count):
         try:

@@ -359,7 +359,8 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     # as one ends: pack 0.92 and 0.96 of the time with four (host, synthetic and real cache), for one more 5.5 MB
     # zstd context. A read ahead takes a buffer of its own: only where the compressions and the block being filled
     # leave one spare (with helpers on 4 cores, four compress and the fifth buffer is filled: no sixth buffer).
-    buffers = held_buffers(sum(len(e.files) for e in entries), block_size)
+    files = sum(len(e.files) for e in entries)
+    buffers = held_buffers(files, block_size)
     slots = buffers if helpers is not None else buffers - 1
     most_compressing = max(1, min(threads, slots))
     read_ahead = most_compressing + 1 < buffers
@@ -506,7 +507,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
     out.flush()
-    return WriteResult(model, sum(len(e.files) for e in entries), len(blobs), bytes_in,
+    return WriteResult(model, files, len(blobs), bytes_in,
                        offset + len(index) + TRAILER_SIZE, len({file_blobs[i][j] for i, j in partner}),
                        sum(len(b.splices) for b in blocks))
 
