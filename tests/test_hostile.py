@@ -2,6 +2,7 @@
 outside the target root, and no group becomes visible unless it is whole."""
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import struct
@@ -245,8 +246,9 @@ def test_kernel_metadata_fast_path_agrees_with_the_checked_path(meta):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
-    """``check_index`` (a writer's check of its own index, which keeps nothing it decodes) takes and refuses the
-    indexes ``decode_index`` takes and refuses, with the same message."""
+    """``check_index`` (a writer's check of its own index, which keeps nothing it decodes and reads it in parts)
+    takes and refuses the indexes ``decode_index`` takes and refuses, with the same message, however the index is
+    cut into parts."""
     from tritonpack.archive.index import check_index, decode_index
 
     build, _, env = CASES[name]
@@ -258,11 +260,15 @@ def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
         raw = zstandard.ZstdDecompressor().decompress(data[offset:offset + length], max_output_size=size)
     except Exception:  # no index to decode: a header, trailer or frame case
         return
+    bounds = sorted({0, min(1, len(raw)), len(raw) // 3, len(raw) // 2, max(0, len(raw) - 1), len(raw)})
+    parts = [b"", *(raw[a:b] for a, b in itertools.pairwise(bounds)), b""]  # empty parts too
+    decodes = [lambda: decode_index(raw, "a.tpack", (1, 1)), lambda: check_index([raw], "a.tpack", (1, 1)),
+               lambda: check_index(parts, "a.tpack", (1, 1))]
     outcomes = []
-    for decode in (decode_index, check_index):
+    for decode in decodes:
         try:
-            decode(raw, "a.tpack", (1, 1))
+            decode()
             outcomes.append(None)
         except tritonpack.ArchiveError as e:
             outcomes.append(str(e))
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]

@@ -21,7 +21,7 @@ import zstandard
 
 from ..errors import ArchiveError, CacheError, UsageError
 from ..forking import cores, fork_safe, private_map
-from ..model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
+from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo
 from . import splice
 from .format import (
     DEFAULT_LEVEL,
@@ -55,10 +55,11 @@ DEFAULT_SEARCH_LOG = 3  # see compress_block
 # pack is 173 MB with two compressing and a read ahead, 219-221 MB with four (bench/results/perf-*torch*.json).
 HELD = 5 * BLOCK_SIZE
 MOST_HELPERS = 4  # forked helpers of a pack (helpers.py), where there are twice as many cores
-# The pack also holds about 1 KB a file until its index is written (the scan's entries, each file's digest, blob
-# and place in the index; 0.9 KB measured: summed PSS 163 MB for the real cache's 6,241 files, 214 MB for ten
-# copies of it, on 2 cores). Up to ``FILES_HELD`` files fit beside five blocks (224-245 MB of summed PSS on the
-# 16-core host for 6,241 and 9,600 files); each block's worth of files more takes a block buffer's place.
+# The pack also holds up to 1 KB a file until its index is written (the scan's entries, each file's digest, blob
+# and place in the index, then the index itself: summed PSS 162 MB for the real cache's 6,241 files, 183 MB for
+# ten copies of it and 239 MB for thirty, on 2 cores; 214 MB and 303 MB before the index was checked in parts and
+# the writer kept no model of its entries). Up to ``FILES_HELD`` files fit beside five blocks (224-245 MB of summed
+# PSS on the 16-core host for 6,241 and 9,600 files); each block's worth of files more takes a block buffer's place.
 FILES_HELD, FILE_HELD = 10_000, 1024
 FEWEST_BUFFERS = 2
 
@@ -91,7 +92,6 @@ class SourceEntry(Protocol):
 
 
 class WriteResult(NamedTuple):
-    entries: tuple[Entry, ...]
     files: int
     blobs: int
     bytes_in: int
@@ -346,9 +346,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     blocks: list[Block] = []
     blobs: list[BlobRef] = []
     by_digest: dict[bytes, int] = {}
-    # By entry, the blob of each of its files, and each file as the index records it; every one is set below.
-    file_blobs = [[0] * len(e.files) for e in entries]
-    stored: list[list[StoredFile | None]] = [[None] * len(e.files) for e in entries]
+    file_blobs = [[0] * len(e.files) for e in entries]  # by entry, the blob of each of its files; all set below
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
     free: list[mmap.mmap] = []  # block buffers to reuse: no fresh pages to fault in for every block
     bytes_in = 0
@@ -457,7 +455,6 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
                 for (i, j, source, place), digest in zip(batch, future.result(), strict=True):
                     size = source.size
                     bytes_in += size
-                    stored[i][j] = StoredFile(source.name, size, digest)
                     blob = by_digest.get(digest)
                     if blob is None:
                         blob = by_digest[digest] = len(blobs)
@@ -483,18 +480,14 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
         # the index is encoded (on 16 cores, 12-20 MB each for a cache of 187,230 files, at the pack's peak).
         if helpers is not None and not splice_ptx:
             helpers.close()
+        by_digest.clear()  # every file is read: no content is looked up again
         # The index, but for its block table, is encoded and checked while the last blocks compress.
-        model = tuple(
-            Entry(kind=e.kind, key=e.key, name=e.name, files=tuple(stored[i]),
-                  kernel=e.kernel, autotune=e.autotune, stub=e.stub)
-            for i, e in enumerate(entries)
-        )
-        encoding = IndexEncoding(info, blobs, model, file_blobs)
+        encoding = IndexEncoding(info, blobs, entries, file_blobs)
         sizes = [b.size for b in blocks] + [item[1] for item in pending]
         stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
         # Never write what a reader would reject. The real table differs from the stand-in only in offsets and
         # lengths, which this function sets, in order, from the blocks it writes.
-        check_index(encoding.with_blocks(stand_in), out.name, info.format_version)
+        check_index(encoding.parts(stand_in), out.name, info.format_version)
         settle(0)
 
     if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
@@ -502,12 +495,12 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     table = msgpack.packb(block_table(blocks), use_bin_type=True)
     if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check: checked as read
         decode_blocks(msgpack.unpackb(table), out.name)
-    raw_index = encoding.with_table(table)
+    raw_index = encoding.finished(table)
     index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
     out.flush()
-    return WriteResult(model, files, len(blobs), bytes_in,
+    return WriteResult(files, len(blobs), bytes_in,
                        offset + len(index) + TRAILER_SIZE, len({file_blobs[i][j] for i, j in partner}),
                        sum(len(b.splices) for b in blocks))
 
