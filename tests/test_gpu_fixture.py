@@ -75,21 +75,27 @@ def test_golden_archive_is_reproduced_byte_for_byte(tmp_path, splice_ptx):
     assert again.read_bytes() == (GOLDEN_SPLICE if splice_ptx else GOLDEN).read_bytes()
 
 
-@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN_SPLICE, GOLDEN.with_name("h200-triton36-v1.0-index12-writer.tpack"),
+SPLICED_SIZE_FIRST = GOLDEN.with_name("h200-triton36-v1.1-splice-ptx-size-first-writer.tpack")
+
+
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN_SPLICE,
+                                    GOLDEN.with_name("h200-triton36-v1.0-size-first-writer.tpack"),
+                                    SPLICED_SIZE_FIRST, GOLDEN.with_name("h200-triton36-v1.0-index12-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-size-order-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-ldm-writer.tpack"),
                                     GOLDEN.with_name("h200-triton36-v1.0-early-writer.tpack")],
-                         ids=["current-writer", "splice-ptx", "index12-writer", "size-order-writer", "ldm-writer",
-                              "early-writer"])
+                         ids=["current-writer", "splice-ptx", "size-first-writer", "splice-ptx-size-first-writer",
+                              "index12-writer", "size-order-writer", "ldm-writer", "early-writer"])
 def test_golden_archive_reads(tmp_path, gpu_cache, golden):
     """The current writer's goldens (as pack writes it, and with --splice-ptx: format 1.1, every cubin spliced)
-    and those of earlier 1.0 writers: the first (8 MiB blocks, level 3), the second (level 7 with long-distance
-    matching, files by name), the third (types in name order, zstd's level 8) and the fourth (today's layout, the
-    index at level 12)."""
+    and those of earlier writers: the first (8 MiB blocks, level 3), the second (level 7 with long-distance
+    matching, files by name), the third (types in name order, zstd's level 8), the fourth (today's layout, the
+    index at level 12) and the fifth (machine code by size, not launch configuration, first; also spliced)."""
+    spliced_golden = golden in (GOLDEN_SPLICE, SPLICED_SIZE_FIRST)
     with tritonpack.open(golden) as reader:
-        assert reader.info.format_version == ((1, 1) if golden == GOLDEN_SPLICE else (1, 0))
+        assert reader.info.format_version == ((1, 1) if spliced_golden else (1, 0))
         spliced = sum(len(b.splices) for b in reader.index.blocks)
-        assert spliced == (sum(1 for e in reader.entries if e.kind == "group") if golden == GOLDEN_SPLICE else 0)
+        assert spliced == (sum(1 for e in reader.entries if e.kind == "group") if spliced_golden else 0)
         assert reader.info.triton.version == "3.6.0"
         assert reader.info.created == 1767225600
         names = sorted((e.key, e.name) for e in reader.entries)

@@ -104,6 +104,9 @@ class WriteResult(NamedTuple):
 # pack) are quick ones: on a real cache, cubin costs 22 ns a byte at level 8, ptx 13, llir 6, the others less.
 SLOW_FIRST = ("cubin", "hsaco", "ptx", "amdgcn", "llir")
 _PAIRS = "\0ptx"  # no file's extension: a .ptx paired with its cubin, ranked with the cubins
+# Machine code and its assembly, ordered by the kernel's launch configuration first (see _layout_order).
+BY_CONFIG = frozenset({"cubin", "hsaco", "ptx", "amdgcn", _PAIRS})
+_NO_CONFIG = (0, 0)
 
 
 def _type_rank(ext: str) -> tuple[int, str]:
@@ -123,13 +126,18 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[t
     On a real max-autotune cache this ordering is 14% smaller than ordering by name. Size before target keeps a
     kernel's files for several targets near each other: multi-target archives of the bench's synthetic caches
     came out 5.2% and 5.8% smaller than with target before size (archives of one target are the same bytes).
+    Machine code and assembly (``BY_CONFIG``) go by ``num_warps`` and ``num_stages`` before size: a launch
+    configuration shapes the code (its warps' indexing, its pipeline's stages) more than the kernel's size tells,
+    2.6% smaller archives of the synthetic cache and 0.7% of the real one (the IRs before them: larger).
 
     Sorted type by type, on keys of a file's own fields, the units made as the keys are: this runs before the
     first block is read, on the path of every pack (16-18 ms for 8,400 files on 2 cores, where one sort of all the
     files on their types too, and the units made after it, took 37)."""
     of_type: dict[str, list] = {}  # extension (or _PAIRS) -> the sort keys of its files
     for i, entry in enumerate(entries):
-        target = entry.kernel.target if entry.kernel else ""
+        kernel = entry.kernel
+        target = kernel.target if kernel else ""
+        config = (kernel.num_warps or 0, kernel.num_stages or 0) if kernel else _NO_CONFIG
         paired = _ptx_pairs(entry, block_size)
         cubins = set(paired.values())
         for j, source in enumerate(entry.files):
@@ -137,7 +145,7 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[t
             cubin = paired.get(j)
             if cubin is not None:
                 unit = ((i, j, source), (i, cubin, entry.files[cubin]))
-                of_type.setdefault(_PAIRS, []).append((source.size, target, name, entry.key, i, j, unit))
+                of_type.setdefault(_PAIRS, []).append((config, source.size, target, name, entry.key, i, j, unit))
                 continue
             if j in cubins:  # it goes with its .ptx
                 continue
@@ -150,12 +158,13 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[t
             keys = of_type.get(ext)
             if keys is None:
                 keys = of_type[ext] = []
-            keys.append((source.size, target, name, entry.key, i, j, ((i, j, source),)))
+            keys.append((config if ext in BY_CONFIG else _NO_CONFIG, source.size, target, name, entry.key, i, j,
+                         ((i, j, source),)))
     units = []
     for ext in sorted(of_type, key=_type_rank):
         keys = of_type[ext]
         keys.sort()
-        units += [key[6] for key in keys]
+        units += [key[7] for key in keys]
     return units
 
 
