@@ -3,8 +3,8 @@
 Inductor-like kernels: fused pointwise chains (`triton_poi_fused_*`), row reductions (`triton_red_fused_*`) and
 matmuls of a transformer's shapes in Inductor's template with fused epilogues, each shape at all 19 of Inductor's
 max-autotune configs (half the groups, as in a real max-autotune cache), each compiled for cuda:80, cuda:90 and
-hip:gfx942. The kernel sources are generated into a module file (Triton reads a kernel's source through inspect),
-deterministic per seed.
+hip:gfx942. Each kernel's source is generated into a module file of its own, as Inductor writes each kernel (Triton
+reads a kernel's source through inspect), deterministic per seed.
 Usage: python bench/make_large_cache.py OUT_DIR [--kernels 1200] [--jobs 2]
 """
 from __future__ import annotations
@@ -147,44 +147,62 @@ def {name}(in_ptr0, arg_A, arg_B, out_ptr0, GROUP_M: tl.constexpr, EVEN_K: tl.co
     return name, src, {"k": k, "dtype": "*bf16"}
 
 
-def generate_module(path: str, kernels: int, seed: int) -> list[tuple]:
-    """Write the kernel module; return compile jobs (kernel name, kind, details, variant) for ~``kernels`` groups.
+BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
+# What precedes a kernel in Inductor's module of it (imports, the heuristics decorator and its metadata): its
+# ``def`` comes at line 18 or so, where the debug line numbers of every ``.loc`` and ``!DILocation`` count from.
+HEADER_LINES = 16
+
+
+def generate_modules(directory: str, kernels: int, seed: int) -> list[tuple]:
+    """Write one module a kernel under ``directory``, named as Inductor names them (``ab/cab...py``: a hash);
+    return compile jobs (module path, kernel name, kind, details, variant) for ~``kernels`` groups.
 
     Half of each target's groups are matmul configurations, as in a real max-autotune cache (413 of the 780
-    groups of fixtures/torch-max-autotune-h200-triton36.tpack); the rest are pointwise and reduction kernels."""
+    groups of fixtures/torch-max-autotune-h200-triton36.tpack); the rest are pointwise and reduction kernels.
+    One module of all the kernels (the second generator's) gave each kernel lines of its own, numbered into the
+    thousands, in every debug location of its IR, unlike Inductor's kernels (the real cache's: 18 to 99)."""
     rng = random.Random(seed)
     per_target = max(1, kernels // 3)
     n_mm = max(1, per_target // 2 // len(MM_CONFIGS))
     rest = max(0, per_target - n_mm * len(MM_CONFIGS))
     n_red = rest // 2 // 2  # 2 configs each
     n_poi = (rest - n_red * 2) // 2  # 2 configs each
-    parts = ["import triton", "import triton.language as tl", ""]
     jobs = []
     for kind, count, make, variants in (("poi", n_poi, _pointwise, 2), ("red", n_red, _reduction, 2),
                                         ("mm", n_mm, _matmul, len(MM_CONFIGS))):
         for i in range(count):
             name, src, details = make(i, rng)
-            parts += [src, ""]
-            jobs += [(name, kind, details, v) for v in range(variants)]
-    with open(path, "w") as f:
-        f.write("\n".join(parts))
+            digest = "c" + "".join(rng.choice(BASE32) for _ in range(51))
+            path = os.path.join(directory, digest[1:3], f"{digest}.py")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            header = ["import triton", "import triton.language as tl", *["#"] * (HEADER_LINES - 2)]
+            with open(path, "w") as f:
+                f.write("\n".join([*header, src, ""]))
+            jobs += [(path, name, kind, details, v) for v in range(variants)]
     return jobs
 
 
+def _load(path: str, modules: dict):
+    """The module at ``path``, imported once in this process."""
+    if path not in modules:
+        spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+        modules[path] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[path])
+    return modules[path]
+
+
 def _compile(args) -> int:
-    module_path, cache_dir, chunk = args
+    cache_dir, chunk = args
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    spec = importlib.util.spec_from_file_location("tp_generated_kernels", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     targets = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)]
+    modules: dict = {}
     done = 0
-    for name, kind, details, variant in chunk:
-        fn = getattr(module, name)
+    for path, name, kind, details, variant in chunk:
+        fn = getattr(_load(path, modules), name)
         if kind == "poi":
             dtype = ("*fp32", "*fp16")[variant % 2]
             sig = {f"in_ptr{k}": dtype for k in range(details)}
@@ -219,12 +237,11 @@ def main() -> None:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     cache_dir = os.path.join(out, "cache")
-    module_path = os.path.join(out, "tp_generated_kernels.py")
-    jobs = generate_module(module_path, args.kernels, args.seed)
+    jobs = generate_modules(os.path.join(out, "kernels"), args.kernels, args.seed)
     chunks = [jobs[i::args.jobs * 4] for i in range(args.jobs * 4)]
     start = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        total = sum(pool.map(_compile, [(module_path, cache_dir, c) for c in chunks]))
+        total = sum(pool.map(_compile, [(cache_dir, c) for c in chunks]))
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache_dir) for f in fs)
     files = sum(len(fs) for _, _, fs in os.walk(cache_dir))
     print(f"compiled {total} kernels into {cache_dir}: {files} files, {size / 1e6:.1f} MB "
