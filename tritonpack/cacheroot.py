@@ -243,7 +243,7 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan:
     if not group_name:
         skipped.append(Skipped(rel, "manifest names no kernel"))
         return None
-    names = list(children)
+    names = [sys.intern(n) for n in children]  # configurations of one kernel share them: each name kept once
     bad = [n for n in names if n not in scan.valid_names and (not valid_file_name(n) or n.startswith(MANIFEST_PREFIX))]
     if bad:
         skipped.append(Skipped(rel, f"manifest names an invalid child {bad[0]!r}"))

@@ -101,7 +101,8 @@ def _entry_meta(entry: Entry) -> dict:
 class IndexEncoding:
     """The index's msgpack bytes, all but its block table: a writer encodes (and checks) everything else while
     its last blocks still compress, and adds the table, whose offsets and lengths only then exist. The bytes are
-    those of one ``msgpack.packb`` of the whole map, whose keys keep the insertion order fixed here. ``entries``:
+    those of one ``msgpack.packb`` of the whole map, whose keys keep the insertion order fixed here. ``blobs``:
+    ``(block, offset, size, sha256)`` of each blob, in order (``BlobRef`` or plain tuples); ``entries``:
     entries as ``Entry`` has them, but whose files need only a ``name`` (a writer's sources); ``file_blobs``: by
     entry, the blob of each of its files (as ``Index.file_blobs``)."""
 
@@ -126,8 +127,8 @@ class IndexEncoding:
         tail = msgpack.Packer(use_bin_type=True, autoreset=False)  # each pack adds to one buffer
         tail.pack("blobs")
         tail.pack_array_header(len(blobs))
-        for b in blobs:
-            tail.pack([b.block, b.offset, b.size, b.sha256])
+        for block, offset, size, sha256 in blobs:
+            tail.pack([block, offset, size, sha256])
         tail.pack("entries")
         tail.pack_array_header(len(entries))
         for i, e in enumerate(entries):
