@@ -83,7 +83,7 @@ def pack(
     """Pack a Triton cache root (Triton's default when ``None``) into a portable archive. Never modifies it.
 
     ``splice_ptx`` stores each cubin without the PTX text that ptxas embeds in it, derived from the group's
-    ``.ptx`` when it is unpacked (format 1.1): archives of CUDA caches 13-15% smaller, unpacks that spend more CPU
+    ``.ptx`` when it is unpacked (format 1.1): archives of CUDA caches 12-15% smaller, unpacks that spend more CPU
     (``README.md``: Archive size and speed).
 
     ``selection`` packs part of the cache: some targets, some kernels, or binary-only groups. ``since`` (a Unix

@@ -88,7 +88,7 @@ def pack(
                                      "duration (12h, 7d) or a date (2026-11-01). Archives keep no file times, so "
                                      "merge has no --since."),
     splice_ptx: bool = typer.Option(False, "--splice-ptx", help="Store each cubin without the PTX text that ptxas "
-                                    "embeds in it, derived from its group's .ptx at unpack (format 1.1): 13-15% "
+                                    "embeds in it, derived from its group's .ptx at unpack (format 1.1): 12-15% "
                                     "smaller archives of CUDA caches, unpacks that spend about a fifth more CPU."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),

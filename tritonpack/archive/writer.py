@@ -56,10 +56,10 @@ DEFAULT_SEARCH_LOG = 3  # see compress_block
 HELD = 5 * BLOCK_SIZE
 MOST_HELPERS = 4  # forked helpers of a pack (helpers.py), where there are twice as many cores
 # The pack also holds up to 1 KB a file until its index is written (the scan's entries, each file's digest, blob
-# and place in the index, then the index itself: summed PSS 162 MB for the real cache's 6,241 files, 183 MB for
-# ten copies of it and 239 MB for thirty, on 2 cores; 214 MB and 303 MB before the index was checked in parts and
-# the writer kept no model of its entries). Up to ``FILES_HELD`` files fit beside five blocks (224-245 MB of summed
-# PSS on the 16-core host for 6,241 and 9,600 files); each block's worth of files more takes a block buffer's place.
+# and place in the index, then the index itself: summed PSS 163 MB for the real cache's 6,241 files, 180 MB for
+# ten copies of it and 218 MB for thirty, on 2 cores; 214 MB and 303 MB while the writer kept a model of its
+# entries and checked a joined copy of its index). Up to ``FILES_HELD`` files fit beside five blocks (224-245 MB of
+# summed PSS on the 16-core host for 6,241 and 9,600 files); each block's worth of files more takes a buffer's place.
 FILES_HELD, FILE_HELD = 10_000, 1024
 FEWEST_BUFFERS = 2
 
@@ -250,7 +250,7 @@ def write_archive(
     """Write the archive to a temp file beside ``path`` and move it in place: never a half-written archive.
 
     ``splice_ptx``: store each cubin without the PTX text it embeds, spliced back from its ``.ptx`` when it is
-    unpacked (spec §5.1; ``info.format_version`` must then be 1.1): 13-15% smaller archives of CUDA caches, for
+    unpacked (spec §5.1; ``info.format_version`` must then be 1.1): 12-15% smaller archives of CUDA caches, for
     about 5 ns of unpack CPU a byte of ``.ptx`` (2-core VM). ``helpers``: forked processes (``forked_helpers``)
     that read the files, by their ``path`` (files of a cache root), and plan the splices."""
     if splice_ptx and info.format_version < (1, 1):
