@@ -6,8 +6,8 @@ from tritonpack.cacheroot import LocalEntry, LocalFile
 from tritonpack.model import GROUP, KernelInfo
 
 
-def group(key: str, warps: int, stages: int, arch: int, sizes: dict[str, int]) -> LocalEntry:
-    kernel = KernelInfo("cuda", arch, 32, warps, stages, 1, 0, "3.6.0", None, {})
+def group(key: str, warps: int, stages: int, arch: int, sizes: dict[str, int], shared: int = 0) -> LocalEntry:
+    kernel = KernelInfo("cuda", arch, 32, warps, stages, 1, shared, "3.6.0", None, {})
     files = tuple(LocalFile(f"k.{ext}", f"/c/{key}", size) for ext, size in sizes.items())
     return LocalEntry(GROUP, key, "k", (*files, LocalFile("k.json", f"/c/{key}", 100)), kernel)
 
@@ -18,6 +18,7 @@ def order(entries, block_size: int = 0) -> list[tuple[str, str]]:
 
 
 def test_machine_code_goes_by_launch_configuration_before_size_and_the_irs_by_size():
+    """(num_warps, num_stages, shared) first for cubin, hsaco, ptx and amdgcn; every other type by size."""
     entries = [group("A" * 16, 8, 3, 90, {"cubin": 100, "ptx": 50, "llir": 300}),
                group("B" * 16, 4, 3, 80, {"cubin": 900, "ptx": 70, "llir": 200}),
                group("C" * 16, 4, 3, 90, {"cubin": 900, "ptx": 60, "llir": 100}),
@@ -25,11 +26,18 @@ def test_machine_code_goes_by_launch_configuration_before_size_and_the_irs_by_si
     got = order(entries)
     by_type = {ext: [key[0] for key, name in got if name == f"k.{ext}"] for ext in ("cubin", "ptx", "llir", "json")}
     assert [name.rpartition(".")[2] for _, name in got][::4] == ["cubin", "ptx", "llir", "json"]  # slow types first
-    # (num_warps, num_stages) first: 4/2, then the two 4/3 (same size: by target), then 8/3, whatever the sizes
+    # 4/2, then the two 4/3 (same shared memory and size: by target), then 8/3, whatever the sizes
     assert by_type["cubin"] == ["D", "B", "C", "A"]
     assert by_type["ptx"] == ["D", "C", "B", "A"]
     assert by_type["llir"] == ["C", "B", "A", "D"]  # by size alone
     assert by_type["json"] == ["B", "A", "C", "D"]  # same size: by target (cuda:80 first), then name and key
+
+
+def test_shared_memory_orders_machine_code_of_one_warps_and_stages():
+    entries = [group("A" * 16, 4, 3, 90, {"cubin": 100}, shared=32768),
+               group("B" * 16, 4, 3, 90, {"cubin": 900}, shared=16384),
+               group("C" * 16, 4, 3, 90, {"cubin": 500}, shared=32768)]
+    assert [key[0] for key, name in order(entries) if name == "k.cubin"] == ["B", "A", "C"]
 
 
 def test_a_paired_ptx_and_cubin_go_by_the_launch_configuration_too():

@@ -166,9 +166,10 @@ def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, 
 
 
 def test_files_are_laid_out_by_type_then_size_then_target(tmp_path, compiled_root):
-    """spec §6.3: blobs lie in the order of (rank, type, size, target) of the first file that holds them, so that a
-    kernel's files for several targets sit side by side instead of a target's files of one type in one run."""
-    from tritonpack.archive.writer import SLOW_FIRST
+    """spec §6.3: blobs lie in the order of (rank, type, launch configuration, size, target) of the first file that
+    holds them, the configuration for machine code and assembly only, so that a kernel's files for several targets
+    sit side by side instead of a target's files of one type in one run."""
+    from tritonpack.archive.writer import BY_CONFIG, SLOW_FIRST
 
     tritonpack.pack(compiled_root, tmp_path / "k.tpack")
     with tritonpack.open(tmp_path / "k.tpack") as reader:
@@ -178,13 +179,15 @@ def test_files_are_laid_out_by_type_then_size_then_target(tmp_path, compiled_roo
                 _, dot, ext = f.name.rpartition(".")
                 ext = "autotune.json" if f.name.endswith(".autotune.json") else ext if dot else ""
                 rank = SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)
-                key = (rank, ext, f.size, entry.target or "")
+                k = entry.kernel
+                config = (k.num_warps or 0, k.num_stages or 0, k.shared or 0) if k and ext in BY_CONFIG else (0, 0, 0)
+                key = (rank, ext, config, f.size, entry.target or "")
                 first[blob] = min(first.get(blob, key), key)
         refs = reader.index.blobs
         assert [(refs[b].block, refs[b].offset) for b in sorted(first)] == sorted((r.block, r.offset) for r in refs)
         keys = [first[b] for b in sorted(first)]
     assert keys == sorted(keys)
-    assert len({k[3] for k in keys if k[3]}) >= 2  # several targets, interleaved by size
+    assert len({k[4] for k in keys if k[4]}) >= 2  # several targets, interleaved by size
 
 
 def test_blocks_that_finish_out_of_order_are_written_in_order(tmp_path, compiled_root, monkeypatch):
