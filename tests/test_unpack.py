@@ -165,7 +165,7 @@ def test_small_blocks_with_duplicates_round_trip_whatever_the_threads(tmp_path, 
            {k: v[2] for k, v in out.items() if "__grp__" not in k}
 
 
-def test_files_are_laid_out_by_type_then_size_then_target(tmp_path, compiled_root):
+def test_files_are_laid_out_by_type_configuration_size_then_target(tmp_path, compiled_root):
     """spec §6.3: blobs lie in the order of (rank, type, launch configuration, size, target) of the first file that
     holds them, the configuration for machine code and assembly only, so that a kernel's files for several targets
     sit side by side instead of a target's files of one type in one run."""
