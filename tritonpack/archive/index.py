@@ -490,14 +490,10 @@ def _unpacked(read, path: str):
     """``read()`` of msgpack, its errors (several unrelated types on bad input) and the budget's as ``ArchiveError``."""
     try:
         return read()
+    except IndexTooLarge as e:
+        raise ArchiveError(f"index holds more than {e.args[0]} values (reader limit)", path) from None
     except Exception as e:
-        raise _msgpack_error(e, path) from None
-
-
-def _msgpack_error(error: Exception, path: str) -> ArchiveError:
-    if isinstance(error, IndexTooLarge):
-        return ArchiveError(f"index holds more than {error.args[0]} values (reader limit)", path)
-    return ArchiveError(f"index is not valid msgpack ({type(error).__name__})", path)
+        raise ArchiveError(f"index is not valid msgpack ({type(e).__name__})", path) from None
 
 
 def _spend_header(budget: IndexBudget, count: int, cost: int, path: str) -> None:
@@ -521,11 +517,7 @@ def _elements(unpacker: msgpack.Unpacker, budget: IndexBudget, path: str):
     _spend_header(budget, count, 1 + count, path)
     unpack = unpacker.unpack
     for _ in range(count):
-        try:
-            item = unpack()
-        except Exception as e:
-            raise _msgpack_error(e, path) from None
-        yield item
+        yield _unpacked(unpack, path)
 
 
 def _decode_document(data: Any, path: str, version: tuple[int, int], keep: bool) -> Index:
