@@ -10,7 +10,9 @@ import contextlib
 import gc
 import io
 import re
+from array import array
 from bisect import bisect_right
+from collections.abc import Iterable, Iterator
 from itertools import accumulate
 from typing import Any, NamedTuple
 
@@ -66,12 +68,84 @@ class BlobRef(NamedTuple):
     sha256: bytes
 
 
+class BlobTable:
+    """The blobs, in arrays; an item is a ``BlobRef``, made as it is read. A ``BlobRef`` and its offset's int a
+    blob took 0.1 KB more, for the hundreds of thousands of blobs of a large cache (its digest is shared with the
+    files' ``StoredFile``)."""
+
+    __slots__ = ("blocks", "digests", "offsets", "sizes")
+
+    def __init__(self) -> None:
+        self.blocks = array("L")
+        self.offsets = array("Q")
+        self.sizes = array("Q")
+        self.digests: list[bytes] = []
+
+    def append(self, block: int, offset: int, size: int, sha256: bytes) -> None:
+        self.blocks.append(block)
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        self.digests.append(sha256)
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def __getitem__(self, n: int) -> BlobRef:
+        return BlobRef(self.blocks[n], self.offsets[n], self.sizes[n], self.digests[n])
+
+    def __iter__(self) -> Iterator[BlobRef]:
+        return map(BlobRef, self.blocks, self.offsets, self.sizes, self.digests)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlobTable):
+            return NotImplemented
+        return (self.blocks, self.offsets, self.sizes, self.digests) == \
+            (other.blocks, other.offsets, other.sizes, other.digests)
+
+
+class FileBlobs:
+    """By entry number, the blob of each of its files (an array of them): one array for all the entries, where a
+    tuple an entry and an int a file took 36 bytes a file more."""
+
+    __slots__ = ("blobs", "starts")
+
+    def __init__(self) -> None:
+        self.blobs = array("L")
+        self.starts = array("L", [0])  # entry n's blobs are blobs[starts[n]:starts[n + 1]]
+
+    def append(self, numbers: Iterable[int]) -> None:
+        self.blobs.extend(numbers)
+        self.starts.append(len(self.blobs))
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, n: int) -> array:
+        n = range(len(self))[n]  # an IndexError past the end, and negative numbers as a sequence has them
+        return self.blobs[self.starts[n]:self.starts[n + 1]]
+
+    def __iter__(self) -> Iterator[array]:
+        return map(self.__getitem__, range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FileBlobs):
+            return NotImplemented
+        return (self.blobs, self.starts) == (other.blobs, other.starts)
+
+    def blob(self, n: int, j: int) -> int:
+        """The blob of entry ``n``'s file ``j``."""
+        start = self.starts[range(len(self))[n]]
+        if not 0 <= j < self.starts[n + 1] - start:
+            raise IndexError("no such file")
+        return self.blobs[start + j]
+
+
 class Index(NamedTuple):
     info: ArchiveInfo
     blocks: tuple[Block, ...]
-    blobs: tuple[BlobRef, ...]
+    blobs: BlobTable
     entries: tuple[Entry, ...]
-    file_blobs: tuple[tuple[int, ...], ...]  # by entry number, the blob of each of its files
+    file_blobs: FileBlobs  # by entry number, the blob of each of its files
     unknown_entries: int = 0  # entries of kinds this reader does not know, ignored
 
 
@@ -455,8 +529,8 @@ def _decode_index(raw: bytes | _Parts, path: str, version: tuple[int, int], keep
         return _decode_document(data, path, version, keep)
     fields: dict[str, Any] = {}
     head: tuple[ArchiveInfo, list[Block]] | None = None
-    blobs: list[BlobRef] | None = None
-    decoded: tuple[list[Entry], list[tuple[int, ...]], int] | None = None
+    blobs: BlobTable | range | None = None
+    decoded: tuple[list[Entry], FileBlobs, int] | None = None
     count = _unpacked(unpacker.read_map_header, path)
     _spend_header(budget, count, 4 + 2 * count, path)  # as msgpack's ``object_hook`` would have for the map
     for _ in range(count):
@@ -483,7 +557,7 @@ def _decode_index(raw: bytes | _Parts, path: str, version: tuple[int, int], keep
         decoded = _decode_entries(_Fields(fields, "index", path).get("entries", list), blobs, path, keep)
     info, blocks = head
     entries, file_blobs, unknown = decoded
-    return Index(info, tuple(blocks), tuple(blobs) if keep else (), tuple(entries), tuple(file_blobs), unknown)
+    return Index(info, tuple(blocks), blobs if keep else BlobTable(), tuple(entries), file_blobs, unknown)
 
 
 def _unpacked(read, path: str):
@@ -526,7 +600,7 @@ def _decode_document(data: Any, path: str, version: tuple[int, int], keep: bool)
     info, blocks = _decode_head(doc, version, path)
     blobs = _decode_blobs(doc.get("blobs", list), [b.size for b in blocks], path, keep)
     entries, file_blobs, unknown = _decode_entries(doc.get("entries", list), blobs, path, keep)
-    return Index(info, tuple(blocks), tuple(blobs) if keep else (), tuple(entries), tuple(file_blobs), unknown)
+    return Index(info, tuple(blocks), blobs if keep else BlobTable(), tuple(entries), file_blobs, unknown)
 
 
 def _decode_head(doc: _Fields, version: tuple[int, int], path: str) -> tuple[ArchiveInfo, list[Block]]:
@@ -541,9 +615,9 @@ def _decode_head(doc: _Fields, version: tuple[int, int], path: str) -> tuple[Arc
     return _decode_info(doc, version, path), decode_blocks(doc.get("blocks", list), path)
 
 
-def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = True) -> list[BlobRef] | range:
+def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = True) -> BlobTable | range:
     """The blobs, checked; unless ``keep``, only how many there are (``range``: what the entries' checks need)."""
-    blobs: list[BlobRef] = []
+    blobs = BlobTable()
     n = -1
     for n, raw_blob in enumerate(raw_blobs):  # tens of thousands: plain checks, no helpers
         if type(raw_blob) is not list or len(raw_blob) != 4:
@@ -557,15 +631,16 @@ def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = Tru
         if block >= len(block_sizes) or offset + size > block_sizes[block]:
             raise ArchiveError(f"index: blobs[{n}] points outside its block", path)
         if keep:
-            blobs.append(_new_tuple(BlobRef, raw_blob))
+            blobs.append(block, offset, size, digest)
     return blobs if keep else range(n + 1)
 
 
-def _decode_entries(raw_entries, blobs: list[BlobRef] | range, path: str,
-                    keep: bool = True) -> tuple[list[Entry], list[tuple[int, ...]], int]:
+def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
+                    keep: bool = True) -> tuple[list[Entry], FileBlobs, int]:
     """The entries, checked (none kept unless ``keep``), their blobs, and the number of unknown kinds skipped."""
     entries: list[Entry] = []
-    file_blobs: list[tuple[int, ...]] = []
+    file_blobs = FileBlobs()
+    sizes, digests = (blobs.sizes, blobs.digests) if keep else ((), ())
     seen: set[tuple[str, str, str]] = set()
     claimed: dict[str, set[str]] = {}  # key -> file names written there: two entries must never write one file
     # Names already validated, each kept once: the configurations of one kernel share their file names, and so
@@ -618,8 +693,7 @@ def _decode_entries(raw_entries, blobs: list[BlobRef] | range, path: str,
                 raise ArchiveError(f"index: entries[{n}].files[{j}] points to no blob", path)
             names.add(fname)
             if keep:
-                ref = blobs[blob]
-                files.append(_new_tuple(StoredFile, (fname, ref[2], ref[3])))
+                files.append(_new_tuple(StoredFile, (fname, sizes[blob], digests[blob])))
                 numbers.append(blob)
         if kind != GROUP and (len(names) != 1 or name not in names):
             raise ArchiveError(f"index: entries[{n}] must hold exactly the file {name}", path)
@@ -643,9 +717,10 @@ def _decode_entries(raw_entries, blobs: list[BlobRef] | range, path: str,
             meta = _decode_meta(kind, _Fields(raw_meta or {}, f"entries[{n}].meta", path))
         if keep:
             entries.append(_new_tuple(Entry, (kind, key, name, tuple(files), *meta)))
-            file_blobs.append(tuple(numbers))
+            file_blobs.append(numbers)
     return entries, file_blobs, unknown
 
 
-__all__ = ["Block", "BlobRef", "Index", "IndexEncoding", "decode_index", "check_index", "decode_blocks",
-           "read_block_table", "block_table", "valid_file_name", "CODEC_ZSTD", "CODEC_ZSTD_SPLICE", "FILE"]
+__all__ = ["Block", "BlobRef", "BlobTable", "FileBlobs", "Index", "IndexEncoding", "decode_index", "check_index",
+           "decode_blocks", "read_block_table", "block_table", "valid_file_name", "CODEC_ZSTD", "CODEC_ZSTD_SPLICE",
+           "FILE"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import zstandard
 
@@ -160,9 +160,9 @@ class ArchiveReader:
         return self._index
 
     def blob_of(self, entry_number: int, file_number: int) -> int:
-        return self._index.file_blobs[entry_number][file_number]
+        return self._index.file_blobs.blob(entry_number, file_number)
 
-    def entry_blobs(self, entry_number: int) -> tuple[int, ...]:
+    def entry_blobs(self, entry_number: int) -> Sequence[int]:
         """The blob of each of an entry's files."""
         return self._index.file_blobs[entry_number]
 
