@@ -34,7 +34,7 @@ from .archive.splice import BlockContent
 from .cachedest import manifest_json
 from .errors import CacheError
 from .forking import cores, die_with, fork_safe, private_map, receive_message, send_message
-from .staging import MANIFEST, StageWriter
+from .staging import MANIFEST, StageWriter, Targets
 
 MANIFESTS = -1  # an item that writes a share of the manifests, a share a worker or more (blocks: from 0)
 # Manifests in one share at most: where one worker took every manifest of 23,000 groups, their plan and its message
@@ -225,17 +225,14 @@ class StagingWorkers:
             send_message(commands_w, (_HINT, part))
             self.children[results_r] = (pid, commands_w, part)
 
-    def stage(self, w: StageWriter, targets: dict[int, list], manifests: list[tuple[str, str | None, int, object]],
+    def stage(self, w: StageWriter, targets: Targets, manifests: list[tuple[str, str | None, int, object]],
               record: Record) -> None:
-        """Stage every planned file (``targets``: blob -> where it goes; consumed, each blob's part as its plan
-        goes out, so that the plans and the temp files reported are not all held at once) and manifest
-        (directory, name, entry number, entry) through the workers; ``record`` each temp file as it is reported.
-        Raises the first error, after the other workers have finished their item (their files recorded, for the
-        caller to clean up)."""
-        by_block = self.reader.blocks_of(targets)
+        """Stage every planned file (``targets``, whose destinations are worked out a block at a time, as its plan
+        goes out) and manifest (directory, name, entry number, entry) through the workers; ``record`` each temp
+        file as it is reported. Raises the first error, after the other workers have finished their item (their
+        files recorded, for the caller to clean up)."""
         # Where temp names may be left by a worker that dies: key directories (staging directories go whole).
-        swept = {d for where in targets.values() for d, name, _, _ in where if name is None} | \
-            {directory for directory, name, _, _ in manifests if name is None}
+        swept = targets.temp_name_directories() | {directory for directory, name, _, _ in manifests if name is None}
         refs = self.reader.index.blobs
         missing = -(-len(manifests) // MANIFESTS_A_SHARE) - self.items.count(MANIFESTS)
         self.items += [MANIFESTS] * max(0, missing)
@@ -247,8 +244,8 @@ class StagingWorkers:
             if self.items[number] == MANIFESTS:
                 return [(directory, name, n, os.path.join(w.root, entry.key, ""), [f.name for f in entry.files])
                         for directory, name, n, entry in manifests_of[number]]
-            return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, targets.pop(blob))
-                    for blob in by_block[self.items[number]]]
+            return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, made)
+                    for blob, made in targets.runs(*targets.blocks[self.items[number]])]
 
         # The items to stage, by cost. A block with nothing to write (all in place, or not taken) is dropped; a
         # manifest costs what a file does (26-40 us each, measured on 2 cores).
@@ -257,8 +254,9 @@ class StagingWorkers:
             if item == MANIFESTS:
                 if manifests_of[number]:
                     costs[number] = FILE_COST * len(manifests_of[number])
-            elif item in by_block:
-                costs[number] = self.blocks[item].size + FILE_COST * sum(len(targets[b]) for b in by_block[item])
+            elif item in targets.blocks:
+                start, end = targets.blocks[item]
+                costs[number] = self.blocks[item].size + FILE_COST * (end - start)
         hinted = {child[2] for child in self.children.values()}
         queue = deque(sorted((n for n in costs if n not in hinted), key=costs.__getitem__, reverse=True))
         error: BaseException | None = None
