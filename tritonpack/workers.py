@@ -146,6 +146,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     """A worker: decompress the block it is hinted, then stage each item as the parent plans it and report the
     temp files made, until told to stop. On failure its own unreported temp files go, and the error to the
     parent."""
+    reader.forget_index_bytes()
     w = StageWriter(root)
     # Every block is decompressed into this one map, sized for the largest: its pages are touched once, as the
     # first blocks fill them, and hold no more than the largest block whatever the number of blocks.
