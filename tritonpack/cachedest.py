@@ -45,7 +45,7 @@ def manifest_bytes(root: str, entry: Entry) -> bytes:
     return manifest_json(os.path.join(root, entry.key, ""), [f.name for f in entry.files])
 
 
-def manifest_json(prefix: str, names: list[str]) -> bytes:
+def manifest_json(prefix: str, names: Sequence[str]) -> bytes:
     """A manifest's bytes from its files' names and the path before them (``os.path.join(key_dir, "")``)."""
     return json.dumps({"child_paths": {name: prefix + name for name in names}}).encode("utf-8")
 
@@ -57,7 +57,7 @@ def manifest_size(root: str, entry: Entry) -> int:
     """``len(manifest_bytes(root, entry))``, counted without building it where every path is plain ASCII (the
     usual case): the free-space check needs the sizes before the workers build the bytes."""
     prefix = os.path.join(root, entry.key, "")
-    names = "".join(f.name for f in entry.files)  # one match for all: the pattern holds for each part iff for all
+    names = "".join(entry.file_names)  # one match for all: the pattern holds for each part iff for all
     if not _JSON_PLAIN.fullmatch(prefix + names):
         return len(manifest_bytes(root, entry))
     # {"child_paths": {"<name>": "<prefix><name>", ...}}

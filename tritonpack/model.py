@@ -7,6 +7,7 @@ Python 3.11, where a named tuple costs 0.3 ms, and ``tritonpack list`` must answ
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 GROUP = "group"
@@ -73,20 +74,35 @@ class Entry(NamedTuple):
     """One unit of a cache: a compiled kernel group, an autotune result, or a loose file.
 
     ``key`` is the cache key directory; ``name`` the kernel name (groups) or the file name.
-    ``files`` of a group are in the order of its manifest.
+    ``files`` of a group are in the order of its manifest: a tuple, or a sequence equal to one (an archive's
+    entries make each file as it is read, ``archive.index.StoredFiles``).
     """
 
     kind: str
     key: str
     name: str
-    files: tuple[StoredFile, ...]
+    files: Sequence[StoredFile]
     kernel: KernelInfo | None = None
     autotune: AutotuneInfo | None = None
     stub: StubInfo | None = None
 
     @property
     def size(self) -> int:
-        return sum(f.size for f in self.files)
+        total = getattr(self.files, "total_size", None)  # an archive's entries sum their sizes without the files
+        return total if total is not None else sum(f.size for f in self.files)
+
+    @property
+    def file_names(self) -> Sequence[str]:
+        """The files' names, in order: an archive's entries have them without making each file (a loop over an
+        unpack's files takes these, not ``files``)."""
+        names = getattr(self.files, "names", None)
+        return names if names is not None else tuple(f.name for f in self.files)
+
+    @property
+    def file_sizes(self) -> Sequence[int]:
+        """The files' sizes, in order (as ``file_names``)."""
+        sizes = getattr(self.files, "sizes", None)
+        return sizes if sizes is not None else tuple(f.size for f in self.files)
 
     @property
     def ident(self) -> tuple[str, str, str]:

@@ -157,7 +157,7 @@ def write(client, url: str, fmt: str, reader: ArchiveReader, plans: Sequence[Pla
         if p.writes_manifest and p.files:
             hide.append(redis_key(fmt, p.entry.key, manifest_name(p.entry.name)))
         for i in p.files:
-            targets.setdefault(p.blobs[i], []).append(redis_key(fmt, p.entry.key, p.entry.files[i].name))
+            targets.setdefault(p.blobs[i], []).append(redis_key(fmt, p.entry.key, p.entry.file_names[i]))
     if hide:
         _call(client.delete, url, *hide)
     files = written = pending = 0
@@ -204,7 +204,7 @@ def unpack_to_redis(
             chosen, report = preflight(reader, targets, force=force)
             with_blobs = [(reader.entry_blobs(n), e) for n, e in chosen]
             plans = plan(client, shown, fmt, with_blobs, overwrite)
-            total = sum(p.entry.files[i].size for p in plans for i in p.files)
+            total = sum(sum(map(p.entry.file_sizes.__getitem__, p.files)) for p in plans)
             files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))
     finally:
         client.close()

@@ -103,7 +103,7 @@ def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[
     except (OSError, AttributeError):  # no statvfs: the writes themselves will tell
         return
     unit = st.f_frsize or st.f_bsize or 4096
-    sizes = [p.entry.files[i].size for p in placements for i in p.files] + list(manifests)
+    sizes = [size for p in placements for size in map(p.entry.file_sizes.__getitem__, p.files)] + list(manifests)
     need = sum(-(-size // unit) * unit for size in sizes)
     files = len(sizes)
     keys = {p.entry.key for p in placements}
@@ -123,10 +123,9 @@ class Targets:
     as its plan goes out, where the other took as long up front."""
 
     def __init__(self, placements: Sequence[Placement], active: Sequence[int], blob_blocks: Sequence[int],
-                 where: Callable[[int], tuple[str, bool]]):
-        """``blob_blocks``: the block of each blob; ``where``: an entry's directory, and whether its files have
-        their own names there (else temp names)."""
-        self._placements = placements
+                 where: Callable[[int], tuple[str, Sequence[str] | None]]):
+        """``blob_blocks``: the block of each blob; ``where``: an entry's directory, and its files' names where
+        they have their own names there (None: temp names)."""
         self._where = where
         width = max(len(placements), len(blob_blocks),
                     max((len(placements[n].entry.files) for n in active), default=0)).bit_length()
@@ -156,8 +155,7 @@ class Targets:
     def runs(self, start: int = 0, end: int | None = None):
         """``(blob, [(directory, name or None for a temp name, entry, file), ...])`` for each blob of files
         ``start:end``, in order."""
-        blobs, entries, files = self.blobs, self.entries, self.files
-        placements, where = self._placements, self._where
+        blobs, entries, files, where = self.blobs, self.entries, self.files, self._where
         end = len(blobs) if end is None else end
         at = start
         while at < end:
@@ -165,8 +163,8 @@ class Targets:
             made = []
             while at < end and blobs[at] == blob:
                 n, i = entries[at], files[at]
-                directory, named = where(n)
-                made.append((directory, placements[n].entry.files[i].name if named else None, n, i))
+                directory, names = where(n)
+                made.append((directory, names[i] if names is not None else None, n, i))
                 at += 1
             yield blob, made
 
@@ -177,7 +175,7 @@ class Targets:
 
     def temp_name_directories(self) -> set[str]:
         """The key directories where files are staged under temp names."""
-        return {directory for directory, named in map(self._where, set(self.entries)) if not named}
+        return {directory for directory, names in map(self._where, set(self.entries)) if names is None}
 
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -314,12 +312,12 @@ def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[P
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
     written = size = 0
+    names, sizes = p.entry.file_names, p.entry.file_sizes
     for i, temp in files:
         if i in now.files:
-            name = p.entry.files[i].name
-            w.move(staged.path(i, name), os.path.join(key_dir, name))
+            w.move(staged.path(i, names[i]), os.path.join(key_dir, names[i]))
             written += 1
-            size += p.entry.files[i].size
+            size += sizes[i]
         else:
             w.discard(temp)  # in a staging directory (None), it goes with the directory
     if now.writes_manifest and staged.manifest is not None:
@@ -409,19 +407,21 @@ def write_staged(
                 stage_dirs[key] = w.stage_dir()
         staged = {n: _Staged(stage_dirs.get(placements[n].entry.key), len(placements[n].entry.files)) for n in active}
 
-        def where(n: int) -> tuple[str, bool]:
-            """Where entry ``n`` writes: its staging directory (under final names, True), or its key directory
-            (under temp names, False)."""
-            key = placements[n].entry.key
-            return (stage_dirs[key], True) if key in stage_dirs else (os.path.join(root, key), False)
+        # Where each entry writes: its staging directory, with its files' names (they have their own names there),
+        # or its key directory, with None (temp names). Once an entry: the loops over the files look it up.
+        where: dict[int, tuple[str, Sequence[str] | None]] = {}
+        for n in active:
+            entry = placements[n].entry
+            key = entry.key
+            where[n] = (stage_dirs[key], entry.file_names) if key in stage_dirs else (os.path.join(root, key), None)
 
-        targets = Targets(placements, active, reader.index.blobs.blocks, where)
+        targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)
 
         manifest_jobs = []
         for n in manifests:
-            directory, named = where(n)
+            directory, names = where[n]
             entry = placements[n].entry
-            manifest_jobs.append((directory, manifest_name(entry.name) if named else None, n, entry))
+            manifest_jobs.append((directory, manifest_name(entry.name) if names is not None else None, n, entry))
 
         def record(n: int, i: int, size: int, temp: str | None) -> None:
             if i == MANIFEST:
@@ -446,7 +446,7 @@ def write_staged(
                     for n in numbers:
                         p = placements[n]
                         files += len(p.files)
-                        size += sum(p.entry.files[i].size for i in p.files)
+                        size += sum(map(p.entry.file_sizes.__getitem__, p.files))
                     continue
             for n in numbers:  # an existing key directory, or one that appeared meanwhile: entry by entry
                 final[n], f, s = _commit(w, root, placements[n], staged[n])

@@ -243,7 +243,7 @@ class StagingWorkers:
 
         def plan_of(number: int) -> Plan:
             if self.items[number] == MANIFESTS:
-                return [(directory, name, n, os.path.join(w.root, entry.key, ""), [f.name for f in entry.files])
+                return [(directory, name, n, os.path.join(w.root, entry.key, ""), entry.file_names)
                         for directory, name, n, entry in manifests_of[number]]
             return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, made)
                     for blob, made in targets.runs(*targets.blocks[self.items[number]])]
