@@ -255,7 +255,7 @@ def unpack(
                                 fresh) for n, e in chosen]
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
-        total = sum(sum(map(p.entry.file_sizes.__getitem__, p.files)) for p in placements)
+        total = sum(p.size for p in placements)
         written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
                               workers=launcher.workers if launcher else None)
         placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten

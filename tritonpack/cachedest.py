@@ -36,6 +36,14 @@ class Placement(NamedTuple):
     manifest_seen: bool = False  # a group's manifest existed when this was planned (only then may it be hidden)
 
     @property
+    def size(self) -> int:
+        """Bytes of the files it writes."""
+        if len(self.files) == len(self.entry.files):
+            return self.entry.size
+        sizes = self.entry.file_sizes
+        return sum(sizes[i] for i in self.files)
+
+    @property
     def writes_manifest(self) -> bool:
         return self.entry.kind == GROUP and self.action in (WRITE, REPLACE, RELINK)
 

@@ -204,7 +204,7 @@ def unpack_to_redis(
             chosen, report = preflight(reader, targets, force=force)
             with_blobs = [(reader.entry_blobs(n), e) for n, e in chosen]
             plans = plan(client, shown, fmt, with_blobs, overwrite)
-            total = sum(sum(map(p.entry.file_sizes.__getitem__, p.files)) for p in plans)
+            total = sum(p.size for p in plans)
             files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))
     finally:
         client.close()

@@ -446,7 +446,7 @@ def write_staged(
                     for n in numbers:
                         p = placements[n]
                         files += len(p.files)
-                        size += sum(map(p.entry.file_sizes.__getitem__, p.files))
+                        size += p.size
                     continue
             for n in numbers:  # an existing key directory, or one that appeared meanwhile: entry by entry
                 final[n], f, s = _commit(w, root, placements[n], staged[n])

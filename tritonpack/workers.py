@@ -234,7 +234,8 @@ class StagingWorkers:
         files recorded, for the caller to clean up)."""
         # Where temp names may be left by a worker that dies: key directories (staging directories go whole).
         swept = targets.temp_name_directories() | {directory for directory, name, _, _ in manifests if name is None}
-        refs = self.reader.index.blobs
+        table = self.reader.index.blobs
+        offsets, sizes, digest = table.offsets, table.sizes, table.digest
         missing = -(-len(manifests) // MANIFESTS_A_SHARE) - self.items.count(MANIFESTS)
         self.items += [MANIFESTS] * max(0, missing)
         shares = [number for number, item in enumerate(self.items) if item == MANIFESTS]
@@ -245,7 +246,7 @@ class StagingWorkers:
             if self.items[number] == MANIFESTS:
                 return [(directory, name, n, os.path.join(w.root, entry.key, ""), entry.file_names)
                         for directory, name, n, entry in manifests_of[number]]
-            return [(blob, refs[blob].offset, refs[blob].size, refs[blob].sha256, made)
+            return [(blob, offsets[blob], sizes[blob], digest(blob), made)
                     for blob, made in targets.runs(*targets.blocks[self.items[number]])]
 
         # The items to stage, by cost. A block with nothing to write (all in place, or not taken) is dropped; a

@@ -50,7 +50,7 @@ def check_expansion(index, path: str) -> None:
     """Refuse an archive whose blocks or entries expand beyond the guards (see the module docstring)."""
     check_block_expansion(index.blocks, path)
     limit = max_unpack_bytes()
-    files = sum(f.size for e in index.entries for f in e.files)
+    files = sum(e.size for e in index.entries)
     if files > limit:
         raise ArchiveError(f"entries expand to {files} bytes, more than the limit of {limit} "
                            f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)

@@ -233,8 +233,8 @@ class ArchiveReader:
     def decode_block(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview | bytes]]:
         """Read and decode block ``number``; return its ``blobs`` (all in it), each verified."""
         data = self.read_block(number, self._index.blocks[number])
-        refs = self._index.blobs
-        return [(blob, self.verified(data, number, blob, refs[blob].offset, refs[blob].size, refs[blob].sha256))
+        table = self._index.blobs
+        return [(blob, self.verified(data, number, blob, table.offsets[blob], table.sizes[blob], table.digest(blob)))
                 for blob in blobs]
 
     def verified(self, data: BlockContent, number: int, blob: int, offset: int, size: int, sha256: bytes):
