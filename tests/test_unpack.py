@@ -375,6 +375,40 @@ def test_fresh_key_directories_appear_whole_and_existing_ones_are_completed(tmp_
     assert again.present == again.entries
 
 
+@pytest.mark.parametrize("processes", [False, True])
+def test_keys_past_the_staging_names_of_a_run_are_written_in_place(tmp_path, archive, monkeypatch, processes):
+    """One run has 65,536 temp names: past them its staging directories' names would repeat (two keys in one
+    directory: "File exists" at 70,000 keys). A new key directory is then made and written under temp names, as an
+    existing one is. Here past the first: the same files as a plain unpack, nothing else left at the root, and a
+    second run finds all present."""
+    from tritonpack import staging
+
+    plain = tmp_path / "plain"
+    tritonpack.unpack(archive, plain)
+    monkeypatch.setattr(staging, "STAGE_DIRS", 1)
+    root = tmp_path / "root"
+    result = tritonpack.unpack(archive, root, processes=processes)
+    assert result.written == result.entries and len({p.name for p in root.iterdir()}) > 2
+
+    def contents(where):  # every file's path and bytes, a manifest's paths as if under one root
+        return {str(p.relative_to(where)): p.read_bytes().replace(str(where).encode(), b"ROOT")
+                for p in where.rglob("*") if p.is_file()}
+
+    assert contents(root) == contents(plain)
+    assert tritonpack.unpack(archive, root).present == result.entries
+
+
+def test_a_run_names_as_many_staging_directories_as_it_has_distinct_names(tmp_path):
+    from tritonpack import staging, tempfiles
+
+    lock = tempfiles.RunLock(str(tmp_path))
+    try:
+        names = {lock.temp_name() for _ in range(staging.STAGE_DIRS)}
+    finally:
+        lock.release()
+    assert len(names) == staging.STAGE_DIRS == tempfiles.NAMES_A_RUN
+
+
 def test_the_free_space_check_counts_each_manifest_exactly(tmp_path):
     """``manifest_size`` counts without building the bytes where every path is plain ASCII, and builds them
     otherwise: both are the length of what unpack writes."""

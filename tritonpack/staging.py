@@ -48,7 +48,7 @@ from .cachedest import (
 from .errors import CacheError
 from .model import GROUP, Entry, manifest_name
 from .report import human_bytes
-from .tempfiles import PREFIX, RunLock, clean_stale, remove_stage_dir
+from .tempfiles import NAMES_A_RUN, PREFIX, RunLock, clean_stale, remove_stage_dir
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from .workers import StagingWorkers
 
 WRITERS = 4
+# Staging directories a run may name: theirs are made by the first file staged in each, not created exclusively
+# when named, so their names must not repeat. Past these, the key directory itself is made and written under temp
+# names, as an existing one is (a root of more than 65,536 new keys: 560,000 files of a real cache's kind).
+STAGE_DIRS = NAMES_A_RUN
 BATCH_FILES, BATCH_BYTES = 64, 1 << 20
 MAX_PENDING_BATCHES = 16
 MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest
@@ -401,7 +405,7 @@ def write_staged(
         stage_dirs: dict[str, str] = {}  # key -> its staging directory, for keys the root lacks
         for key in by_key:
             key_dir = os.path.join(root, key)
-            if not fresh and os.path.lexists(key_dir):
+            if (not fresh and os.path.lexists(key_dir)) or len(stage_dirs) >= STAGE_DIRS:
                 w.ensure_dir(key_dir)
             else:
                 stage_dirs[key] = w.stage_dir()

@@ -32,6 +32,7 @@ import time
 PREFIX = "tmp.tpack."
 TEMP_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})([0-9a-f]{4})")
 LOCK_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})\.lock")
+NAMES_A_RUN = 0x10000  # temp names one run token gives (its 4 hex digits of counter), before they repeat
 ORPHAN_AGE = 3600.0  # seconds after which an unlocked temp file is an orphan even if its pid is alive
 
 try:
@@ -105,16 +106,16 @@ class RunLock:
     def temp_name(self) -> str:
         """A fresh temp file name for this run (unique per directory with O_EXCL; the counter wraps harmlessly)."""
         self.acquire()
-        return f"{PREFIX}{self.pid}.{self.token}{next(self._counter) % 0x10000:04x}"
+        return f"{PREFIX}{self.pid}.{self.token}{next(self._counter) % NAMES_A_RUN:04x}"
 
     def share_names(self, part: int, parts: int) -> None:
         """In forked worker ``part`` of ``parts``: its own range of counters, so that workers writing into one
         directory seldom try the same name (a clash only costs another try: names are created exclusively)."""
-        self._counter = itertools.count(part * (0x10000 // parts))
+        self._counter = itertools.count(part * (NAMES_A_RUN // parts))
 
     def create(self, directory: str) -> tuple[int, str]:
         """Create a new temp file in ``directory`` exclusively, mode ``0666 & ~umask``; return (fd, path)."""
-        for _ in range(0x10000):
+        for _ in range(NAMES_A_RUN):
             path = os.path.join(directory, self.temp_name())
             try:
                 return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), path
@@ -261,4 +262,4 @@ def remove_stage_dir(path: str) -> int:
     return removed
 
 
-__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "TEMP_RE", "LOCK_RE", "PREFIX"]
+__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "TEMP_RE", "LOCK_RE", "PREFIX", "NAMES_A_RUN"]
