@@ -137,7 +137,8 @@ class FileBlobs:
 
     def blob(self, n: int, j: int) -> int:
         """The blob of entry ``n``'s file ``j``."""
-        start = self.starts[range(len(self))[n]]
+        n = range(len(self))[n]  # an IndexError past the end, and negative numbers as a sequence has them
+        start = self.starts[n]
         if not 0 <= j < self.starts[n + 1] - start:
             raise IndexError("no such file")
         return self.blobs[start + j]

@@ -1,0 +1,49 @@
+"""The decoded index's compact tables read as the tuples they replace: blobs, each entry's blobs and its files."""
+from __future__ import annotations
+
+import pytest
+
+import tritonpack
+from tritonpack.archive.index import BlobRef
+from tritonpack.model import StoredFile
+
+
+@pytest.fixture()
+def reader(tmp_path, compiled_root):
+    path = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, path)
+    with tritonpack.open(path) as reader:
+        yield reader
+
+
+def test_an_entrys_files_read_as_the_tuple_of_its_files(reader):
+    table = reader.index.blobs
+    for n, entry in enumerate(reader.entries):
+        blobs = reader.entry_blobs(n)
+        files = tuple(entry.files)
+        assert files == tuple(StoredFile(f.name, table[b].size, table[b].sha256) for f, b in zip(files, blobs,
+                                                                                                   strict=True))
+        assert entry.files == files and hash(entry.files) == hash(files) and repr(entry.files) == repr(files)
+        assert len(entry.files) == len(files) and entry.files[-1] == files[-1] and entry.files[1:] == files[1:]
+        assert list(entry.file_names) == [f.name for f in files]
+        assert list(entry.file_sizes) == [f.size for f in files]
+        assert entry.size == sum(f.size for f in files)
+        assert [reader.blob_of(n, j) for j in range(len(files))] == list(blobs)
+        with pytest.raises(IndexError):
+            entry.files[len(files)]
+        with pytest.raises(IndexError):
+            reader.blob_of(n, len(files))
+    taken = reader.entries[0]._replace(files=tuple(reader.entries[0].files)[:1])
+    assert taken.file_names == (taken.files[0].name,) and taken.size == taken.files[0].size
+
+
+def test_the_blob_table_reads_as_blob_refs(reader):
+    table = reader.index.blobs
+    refs = list(table)
+    assert len(refs) == len(table) > 0 and all(type(ref) is BlobRef for ref in refs)
+    assert refs == [table[b] for b in range(len(table))] and table[-1] == refs[-1]
+    assert all(len(ref.sha256) == 32 and type(ref.sha256) is bytes for ref in refs)
+    with pytest.raises(IndexError):
+        table[len(table)]
+    with pytest.raises(IndexError):
+        reader.entry_blobs(len(reader.entries))
