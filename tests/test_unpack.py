@@ -250,6 +250,27 @@ def test_compressions_at_once_fit_the_held_buffers(tmp_path, compiled_root, monk
     assert (tmp_path / "a.tpack").read_bytes() == (tmp_path / "b.tpack").read_bytes()
 
 
+@pytest.mark.parametrize("splice_ptx", [False, True])
+def test_an_index_made_after_the_last_block_is_the_same_index(tmp_path, compiled_root, monkeypatch, splice_ptx):
+    """Where the files have taken the buffers down to their fewest, the index is made once every block is written,
+    table and all, in one buffer: the same archive, which reads and unpacks the same."""
+    from tritonpack.archive import writer
+
+    tritonpack.pack(compiled_root, tmp_path / "early.tpack", splice_ptx=splice_ptx)
+    monkeypatch.setattr(writer, "held_buffers", lambda files, block_size=writer.BLOCK_SIZE: writer.FEWEST_BUFFERS)
+    made = []
+    real = writer.IndexEncoding
+
+    def recorded(*args):
+        made.append(len(args) == 5 and args[4] is not None)
+        return real(*args)
+
+    monkeypatch.setattr(writer, "IndexEncoding", recorded)
+    tritonpack.pack(compiled_root, tmp_path / "late.tpack", splice_ptx=splice_ptx)
+    assert made == [True]
+    assert (tmp_path / "late.tpack").read_bytes() == (tmp_path / "early.tpack").read_bytes()
+
+
 def test_held_buffers_make_room_for_the_files():
     from tritonpack.archive.writer import BLOCK_SIZE, held_buffers
 
