@@ -1,7 +1,7 @@
 """The writer's file order (spec §6 rule 3): alike bytes side by side, decided by the files' own fields."""
 from __future__ import annotations
 
-from tritonpack.archive.writer import _layout_order
+from tritonpack.archive.writer import _layout_order, _unit_files
 from tritonpack.cacheroot import LocalEntry, LocalFile
 from tritonpack.model import GROUP, KernelInfo
 
@@ -14,7 +14,7 @@ def group(key: str, warps: int, stages: int, arch: int, sizes: dict[str, int], s
 
 def order(entries, block_size: int = 0) -> list[tuple[str, str]]:
     return [(entries[i].key, entries[i].files[j].name) for unit in _layout_order(entries, block_size)
-            for i, j, _ in unit]
+            for i, j, _ in _unit_files(entries, unit)]
 
 
 def test_machine_code_goes_by_launch_configuration_before_size_and_the_irs_by_size():
@@ -43,6 +43,7 @@ def test_shared_memory_orders_machine_code_of_one_warps_and_stages():
 def test_a_paired_ptx_and_cubin_go_by_the_launch_configuration_too():
     entries = [group("A" * 16, 8, 3, 90, {"cubin": 100, "ptx": 50}),
                group("B" * 16, 2, 1, 90, {"cubin": 900, "ptx": 70})]
-    pairs = [unit for unit in _layout_order(entries, block_size=1 << 20) if len(unit) == 2]
+    pairs = [files for unit in _layout_order(entries, block_size=1 << 20)
+             if len(files := _unit_files(entries, unit)) == 2]
     assert [(entries[i].key[0], entries[i].files[j].name) for unit in pairs for i, j, _ in unit] == \
         [("B", "k.ptx"), ("B", "k.cubin"), ("A", "k.ptx"), ("A", "k.cubin")]

@@ -13,7 +13,7 @@ import os
 import tempfile
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import NamedTuple, Protocol
 
@@ -115,11 +115,26 @@ def _type_rank(ext: str) -> tuple[int, str]:
     return (SLOW_FIRST.index(ext) if ext in SLOW_FIRST else len(SLOW_FIRST)), ext
 
 
-def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[tuple[tuple[int, int, SourceFile], ...]]:
-    """Units of ``(entry number, file number, file)`` in the order that puts alike bytes together: by type (slow
-    ones first), then size, then target. A unit is one file or, where ``block_size`` is given (cubins to splice),
-    a group's ``.ptx`` and ``.cubin`` that fit one block together: they go in one block, the ``.ptx`` first, so
-    that the cubin's PTX text can be spliced from it; the pair is ranked as a cubin and ordered by its ``.ptx``.
+# A unit as one int (``_layout_order``): its entry's number, its file's, and a paired cubin's (else _NO_PAIR).
+_FILE_BITS = 20
+_NO_PAIR = (1 << _FILE_BITS) - 1
+_MOST_ENTRIES = 1 << (64 - 2 * _FILE_BITS)
+
+
+def _unit_files(entries: Sequence[SourceEntry], unit: int) -> tuple[tuple[int, int, SourceFile], ...]:
+    """A unit's ``(entry number, file number, file)``: one file, or a ``.ptx`` and its cubin."""
+    i, j, cubin = unit >> 2 * _FILE_BITS, unit >> _FILE_BITS & _NO_PAIR, unit & _NO_PAIR
+    files = entries[i].files
+    return ((i, j, files[j]),) if cubin == _NO_PAIR else ((i, j, files[j]), (i, cubin, files[cubin]))
+
+
+def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
+    """Units in the order that puts alike bytes together: by type (slow ones first), then size, then target. A
+    unit is one file or, where ``block_size`` is given (cubins to splice), a group's ``.ptx`` and ``.cubin`` that
+    fit one block together: they go in one block, the ``.ptx`` first, so that the cubin's PTX text can be spliced
+    from it; the pair is ranked as a cubin and ordered by its ``.ptx``. Each unit is an int (``_unit_files``
+    reads it), and its files are made as its block is planned: tuples and a file object a unit took 0.25 KB a
+    file for the whole of a pack's writing (100 MB at 374,460 files).
 
     Files of one type with about the same size are mostly the same kernel template at the same configuration
     (other shapes, other constants, other targets): side by side, zstd's match finder sees them within its reach.
@@ -134,6 +149,8 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[t
     Sorted type by type, on keys of a file's own fields, the units made as the keys are: this runs before the
     first block is read, on the path of every pack (16-18 ms for 8,400 files on 2 cores, where one sort of all the
     files on their types too, and the units made after it, took 37)."""
+    if len(entries) > _MOST_ENTRIES or any(len(entry.files) >= _NO_PAIR for entry in entries):
+        raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
     of_type: dict[str, list] = {}  # extension (or _PAIRS) -> the sort keys of its files
     for i, entry in enumerate(entries):
         kernel = entry.kernel
@@ -145,7 +162,7 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[t
             name = source.name
             cubin = paired.get(j)
             if cubin is not None:
-                unit = ((i, j, source), (i, cubin, entry.files[cubin]))
+                unit = (i << _FILE_BITS | j) << _FILE_BITS | cubin
                 of_type.setdefault(_PAIRS, []).append((config, source.size, target, name, entry.key, i, j, unit))
                 continue
             if j in cubins:  # it goes with its .ptx
@@ -160,12 +177,12 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> list[t
             if keys is None:
                 keys = of_type[ext] = []
             keys.append((config if ext in BY_CONFIG else _NO_CONFIG, source.size, target, name, entry.key, i, j,
-                         ((i, j, source),)))
-    units = []
+                         (i << _FILE_BITS | j) << _FILE_BITS | _NO_PAIR))
+    units = array("Q")
     for ext in sorted(of_type, key=_type_rank):
-        keys = of_type[ext]
+        keys = of_type.pop(ext)  # each type's keys go once its units are taken
         keys.sort()
-        units += [key[7] for key in keys]
+        units.extend(key[7] for key in keys)
     return units
 
 
@@ -312,12 +329,13 @@ def _fill(files: Sequence[tuple[int, int, SourceFile, int]], view: memoryview) -
     return fill(((source.read_into, source.size, offset) for _, _, source, offset in files), view)
 
 
-def _plan(units: Sequence[tuple[tuple[int, int, SourceFile], ...]], block_size: int):
-    """Consecutive runs of units that fill one block each, by their listed sizes (duplicates included), each run
-    as its files with their offsets in the block."""
+def _plan(entries: Sequence[SourceEntry], units: Iterable[int], block_size: int):
+    """Consecutive runs of units (``_layout_order``) that fill one block each, by their listed sizes (duplicates
+    included), each run as its files with their offsets in the block."""
     run: list[tuple[tuple[int, int, SourceFile], ...]] = []
     size = 0
-    for unit in units:
+    for code in units:
+        unit = _unit_files(entries, code)
         unit_size = 0
         for _, _, source in unit:
             if source.size > MAX_BLOCK_SIZE:
@@ -333,8 +351,8 @@ def _plan(units: Sequence[tuple[tuple[int, int, SourceFile], ...]], block_size: 
         yield _laid_out(run), size
 
 
-def _consumed(items: list):
-    """The items of a reversed list in their first order, each dropped from the list as it is taken."""
+def _consumed(items: array):
+    """The items of a reversed array in their first order, each dropped from it as it is taken."""
     while items:
         yield items.pop()
 
@@ -372,7 +390,8 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
 def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
     units = _layout_order(entries, block_size if splice_ptx else 0)
-    partner = {unit[1][:2]: unit[0][1] for unit in units if len(unit) == 2}  # (entry, cubin) -> its .ptx's number
+    partner = {(unit >> 2 * _FILE_BITS, unit & _NO_PAIR): unit >> _FILE_BITS & _NO_PAIR  # (entry, cubin) -> its .ptx
+               for unit in units if unit & _NO_PAIR != _NO_PAIR}
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     blocks: list[Block] = []
@@ -443,8 +462,8 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
             else:
                 return
 
-    units.reverse()  # taken from the end as blocks are planned: two tuples a file, not all held to the pack's end
-    plan = _plan(_consumed(units), block_size)
+    units.reverse()  # taken from the end as blocks are planned
+    plan = _plan(entries, _consumed(units), block_size)
     if helpers is not None and helpers.block_size == block_size:
         free.extend(helpers.buffers[:buffers])  # the others are never touched: no memory of theirs is used
     # Separate pools: reads must not queue behind compressions, or the next block waits for its files. Reads of
