@@ -20,7 +20,7 @@ from typing import NamedTuple
 from .archive.index import valid_file_name
 from .errors import CacheError
 from .forking import cores, fork_safe, forked_map
-from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, StubInfo, manifest_name
+from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, LazyFiles, StubInfo, manifest_name
 from .triton_env import python_info
 
 # hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+); a little wider so that future encodings still read.
@@ -78,10 +78,9 @@ def read_file_into(path: str, view: memoryview) -> None:
         os.close(fd)
 
 
-class LocalFiles(Sequence):
+class LocalFiles(LazyFiles):
     """A group's files, each a ``LocalFile`` made as it is read from its names and sizes: a ``LocalFile`` and its
-    size's int a file took 0.1 KB, for as long as a pack runs, for the hundreds of thousands of files of a large
-    cache. Equal to (and hashed as) the tuple of its files."""
+    size's int a file took 0.1 KB, for as long as a pack runs."""
 
     __slots__ = ("directory", "names", "sizes")
 
@@ -100,17 +99,6 @@ class LocalFiles(Sequence):
 
     def __iter__(self) -> Iterator[LocalFile]:
         return map(LocalFile, self.names, repeat(self.directory), self.sizes)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (tuple, LocalFiles)):
-            return NotImplemented
-        return tuple(self) == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
 
     def __reduce__(self):  # the forked scan sends its entries to the parent
         return LocalFiles, (self.directory, self.names, self.sizes)

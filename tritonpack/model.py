@@ -29,6 +29,24 @@ class StoredFile(NamedTuple):
     sha256: bytes
 
 
+class LazyFiles(Sequence):
+    """An entry's files made one by one as they are read, from tables that hold them in less memory than a tuple of
+    records (hundreds of thousands of files in a large cache); equal to, and hashed as, the tuple of its files."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (tuple, LazyFiles)):
+            return NotImplemented
+        return tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
 class KernelInfo(NamedTuple):
     """What a group's metadata json says about the compiled kernel (``None`` where it says nothing)."""
 
