@@ -532,9 +532,9 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
             helpers.close()
         by_digest.clear()  # every file is read: no content is looked up again
         # The index, but for its block table, is encoded and checked while the last blocks compress; but where the
-        # files' records have taken the buffers down to their fewest, after, table and all, in one buffer: its bytes
-        # (0.1 KB a file) and its check peaked beside the buffers and the last blocks' output (2-core VM, 374,460
-        # files: 332 MB, then 312 MB once the index waited, and 0.1 KB a file less with no copy of it to join).
+        # files' records have taken the buffers down to their fewest, after, table and all, in one buffer (no copy
+        # to join): its bytes (0.1 KB a file) and its check peaked beside the buffers and the last blocks' output
+        # (2-core VM, 374,460 files: 332 MB, then 312-314 MB once the index waited, the writing's own peak).
         if buffers <= FEWEST_BUFFERS:
             settle(0)
             encoding = IndexEncoding(info, blobs, entries, file_blobs, blocks)
