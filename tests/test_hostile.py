@@ -236,7 +236,7 @@ def test_kernel_metadata_fast_path_agrees_with_the_checked_path(meta):
     """Well-formed group metadata skips the field-by-field checks; anything else must go to them unchanged."""
     from tritonpack.archive.index import _decode_meta, _Fields, _kernel_fast
 
-    fast = _kernel_fast(meta)
+    fast = _kernel_fast(meta, {})
     try:
         checked = _decode_meta("group", _Fields(meta, "entries[0].meta", "x.tpack"))[0]
     except tritonpack.ArchiveError:

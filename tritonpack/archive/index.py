@@ -384,9 +384,10 @@ _KERNEL_UINTS = ("warp_size", "num_warps", "num_stages", "num_ctas", "shared")
 _KERNEL_STRS = ("backend", "triton_version", "hash")
 
 
-def _kernel_fast(m: dict) -> KernelInfo | None:
+def _kernel_fast(m: dict, shared: dict[str, str]) -> KernelInfo | None:
     """A group's metadata in the well-formed case, checked without helpers (thousands per index); ``None`` sends
-    the caller to ``_decode_meta``, which names the first problem."""
+    the caller to ``_decode_meta``, which names the first problem. Its backend, arch and Triton version are
+    kept once (``shared``): msgpack makes a str of each for every entry."""
     env = m.get("env")
     if env is None:
         env = {}
@@ -403,9 +404,12 @@ def _kernel_fast(m: dict) -> KernelInfo | None:
         value = m.get(name)
         if value is not None and type(value) is not str:
             return None
+    backend, version = m.get("backend"), m.get("triton_version")
     return _new_tuple(KernelInfo, (
-        m.get("backend"), arch, m.get("warp_size"), m.get("num_warps"), m.get("num_stages"), m.get("num_ctas"),
-        m.get("shared"), m.get("triton_version"), m.get("hash"), env))
+        backend if backend is None else shared.setdefault(backend, backend),
+        arch if type(arch) is not str else shared.setdefault(arch, arch), m.get("warp_size"), m.get("num_warps"),
+        m.get("num_stages"), m.get("num_ctas"), m.get("shared"),
+        version if version is None else shared.setdefault(version, version), m.get("hash"), env))
 
 
 def _decode_meta(kind: str, meta: _Fields) -> tuple[KernelInfo | None, AutotuneInfo | None, StubInfo | None]:
@@ -714,6 +718,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
     # many entries share one str instead of a copy each.
     good_names: dict[str, str] = {}
     good_group_names: set[str] = set()  # and group names already validated, with their manifest's name
+    shared: dict[str, str] = {}  # the kinds and the kernels' backends, archs and versions, each kept once
     unknown = 0
     for n, raw_entry in enumerate(raw_entries):
         if type(raw_entry) is dict:  # the usual case, without per-field helpers
@@ -777,7 +782,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
             claimed[key] = names.union(taken)
         else:
             taken |= names
-        kernel = _kernel_fast(raw_meta) if kind == GROUP and type(raw_meta) is dict else None
+        kernel = _kernel_fast(raw_meta, shared) if kind == GROUP and type(raw_meta) is dict else None
         if kernel is not None:
             meta = (kernel, None, None)
         else:
@@ -787,7 +792,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
         if keep:
             file_blobs.append(numbers)
             files = StoredFiles(tuple(file_names), file_blobs, len(file_blobs) - 1, blobs)
-            entries.append(_new_tuple(Entry, (kind, key, name, files, *meta)))
+            entries.append(_new_tuple(Entry, (shared.setdefault(kind, kind), key, name, files, *meta)))
     return entries, file_blobs, unknown
 
 
