@@ -121,9 +121,18 @@ _NO_PAIR = (1 << _FILE_BITS) - 1
 _MOST_ENTRIES = 1 << (64 - 2 * _FILE_BITS)
 
 
+def _unit(i: int, j: int, cubin: int = _NO_PAIR) -> int:
+    return (i << _FILE_BITS | j) << _FILE_BITS | cubin
+
+
+def _unit_numbers(unit: int) -> tuple[int, int, int]:
+    """A unit's entry number, file number and paired cubin's number (else ``_NO_PAIR``)."""
+    return unit >> 2 * _FILE_BITS, unit >> _FILE_BITS & _NO_PAIR, unit & _NO_PAIR
+
+
 def _unit_files(entries: Sequence[SourceEntry], unit: int) -> tuple[tuple[int, int, SourceFile], ...]:
     """A unit's ``(entry number, file number, file)``: one file, or a ``.ptx`` and its cubin."""
-    i, j, cubin = unit >> 2 * _FILE_BITS, unit >> _FILE_BITS & _NO_PAIR, unit & _NO_PAIR
+    i, j, cubin = _unit_numbers(unit)
     files = entries[i].files
     return ((i, j, files[j]),) if cubin == _NO_PAIR else ((i, j, files[j]), (i, cubin, files[cubin]))
 
@@ -162,8 +171,8 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
             name = source.name
             cubin = paired.get(j)
             if cubin is not None:
-                unit = (i << _FILE_BITS | j) << _FILE_BITS | cubin
-                of_type.setdefault(_PAIRS, []).append((config, source.size, target, name, entry.key, i, j, unit))
+                of_type.setdefault(_PAIRS, []).append((config, source.size, target, name, entry.key, i, j,
+                                                       _unit(i, j, cubin)))
                 continue
             if j in cubins:  # it goes with its .ptx
                 continue
@@ -177,7 +186,7 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
             if keys is None:
                 keys = of_type[ext] = []
             keys.append((config if ext in BY_CONFIG else _NO_CONFIG, source.size, target, name, entry.key, i, j,
-                         (i << _FILE_BITS | j) << _FILE_BITS | _NO_PAIR))
+                         _unit(i, j)))
     units = array("Q")
     for ext in sorted(of_type, key=_type_rank):
         keys = of_type.pop(ext)  # each type's keys go once its units are taken
@@ -390,8 +399,8 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
 def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
     units = _layout_order(entries, block_size if splice_ptx else 0)
-    partner = {(unit >> 2 * _FILE_BITS, unit & _NO_PAIR): unit >> _FILE_BITS & _NO_PAIR  # (entry, cubin) -> its .ptx
-               for unit in units if unit & _NO_PAIR != _NO_PAIR}
+    partner = {(i, cubin): ptx for i, ptx, cubin in map(_unit_numbers, units)  # (entry, cubin) -> its .ptx
+               if cubin != _NO_PAIR}
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     blocks: list[Block] = []
@@ -538,7 +547,6 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
         if buffers <= FEWEST_BUFFERS:
             settle(0)
             encoding = IndexEncoding(info, blobs, entries, file_blobs, blocks)
-            sizes = [b.size for b in blocks]
             check_index(encoding.parts(blocks), out.name, info.format_version)
         else:
             encoding = IndexEncoding(info, blobs, entries, file_blobs)
@@ -549,12 +557,15 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
             check_index(encoding.parts(stand_in), out.name, info.format_version)
             settle(0)
 
-    if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
-        raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)", out.name)
-    table = msgpack.packb(block_table(blocks), use_bin_type=True)
-    if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check: checked as read
-        decode_blocks(msgpack.unpackb(table), out.name)
-    raw_index = encoding.finished(table)
+    if encoding.whole is not None:  # made after the last block: its real table was checked with it
+        raw_index = encoding.whole
+    else:
+        if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
+            raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)", out.name)
+        table = msgpack.packb(block_table(blocks), use_bin_type=True)
+        if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check: checked as read
+            decode_blocks(msgpack.unpackb(table), out.name)
+        raw_index = encoding.finished(table)
     index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
     out.write(index)
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
