@@ -1,4 +1,5 @@
-"""The decoded index's compact tables read as the tuples they replace: blobs, each entry's blobs and its files."""
+"""The index's compact tables: decoded, they read as the tuples they replace (blobs, each entry's blobs and its
+files); the writer's finds each content once."""
 from __future__ import annotations
 
 import pytest
@@ -47,3 +48,24 @@ def test_the_blob_table_reads_as_blob_refs(reader):
         table[len(table)]
     with pytest.raises(IndexError):
         reader.entry_blobs(len(reader.entries))
+
+
+def test_the_writers_blob_table_finds_each_content_once():
+    """The pack's dedupe: an open addressing table over the digests, sized from the file count (never more than
+    half full), so that probing past taken slots finds each digest, and a digest never seen comes back negative."""
+    import hashlib
+
+    from tritonpack.archive.writer import _Blobs
+
+    blobs = _Blobs(files=12)
+    digests = [hashlib.sha256(bytes([n])).digest() for n in range(12)]
+    for n, digest in enumerate(digests):
+        missing = blobs.find(digest)
+        assert missing < 0
+        assert blobs.add(missing, n % 3, 100 * n, n, digest) == n
+    assert [blobs.find(d) for d in digests] == list(range(12))
+    assert blobs.find(hashlib.sha256(b"other").digest()) < 0
+    assert list(blobs) == [(n % 3, 100 * n, n, digests[n]) for n in range(12)]
+    assert all(type(d) is bytes for *_, d in blobs)  # packed as msgpack bin, as before
+    blobs.forget_contents()  # the digests stay for the index
+    assert len(blobs) == 12 and list(blobs)[5][3] == digests[5]

@@ -47,3 +47,55 @@ def test_a_paired_ptx_and_cubin_go_by_the_launch_configuration_too():
              if len(files := _unit_files(entries, unit)) == 2]
     assert [(entries[i].key[0], entries[i].files[j].name) for unit in pairs for i, j, _ in unit] == \
         [("B", "k.ptx"), ("B", "k.cubin"), ("A", "k.ptx"), ("A", "k.cubin")]
+
+
+def _reference_order(entries, block_size: int = 0) -> list[tuple[int, int]]:
+    """Spec rule 3 written out with tuples: type rank, then (configuration, size, target, name, key, entry, file)."""
+    from tritonpack.archive.writer import BY_CONFIG, _type_rank
+
+    keys = []
+    for i, entry in enumerate(entries):
+        kernel = entry.kernel
+        config = (kernel.num_warps or 0, kernel.num_stages or 0, kernel.shared or 0) if kernel else (0, 0, 0)
+        target = kernel.target if kernel else ""
+        files = list(entry.files)
+        numbers = {f.name: j for j, f in enumerate(files)}
+        pairs = {}
+        if kernel is not None and block_size:
+            for name, j in numbers.items():
+                ptx = numbers.get(name[:-len("cubin")] + "ptx") if name.endswith(".cubin") else None
+                if ptx is not None and files[ptx].size + files[j].size <= block_size:
+                    pairs[ptx] = j
+        for j, f in enumerate(files):
+            if j in pairs.values():
+                continue
+            ext = "\0ptx" if j in pairs else "autotune.json" if f.name.endswith(".autotune.json") else \
+                f.name.rpartition(".")[2] if "." in f.name else ""
+            keys.append((_type_rank(ext), config if ext in BY_CONFIG else (0, 0, 0), f.size, target, f.name,
+                         entry.key, i, j))
+            if j in pairs:
+                keys.append((_type_rank(ext), config, f.size, target, f.name, entry.key, i, j, pairs[j]))
+    order = []
+    for key in sorted(keys):
+        order.append((key[6], key[7]) if len(key) == 8 else (key[6], key[8]))
+    return order
+
+
+def test_the_layouts_int_keys_order_the_files_as_the_fields_would():
+    """Each file's sort key is one int (ranks, size and unit): it must order exactly as the tuple of fields."""
+    import random
+
+    rng = random.Random(7)
+    entries = []
+    for n in range(300):
+        kernel = KernelInfo(rng.choice(["cuda", "hip"]), rng.choice([80, 90, "gfx942"]), 32, rng.choice([1, 4, 8]),
+                            rng.choice([1, 2, 3]), 1, rng.choice([None, 0, 16384]), "3.6.0", None, {}) \
+            if n % 7 else None
+        names = rng.sample(["k.cubin", "k.ptx", "k.llir", "j.cubin", "j.ptx", "k.json", "x.autotune.json", "plain",
+                            "k.hsaco"], rng.randint(1, 6))
+        files = tuple(LocalFile(name, f"/c/{n:016d}", rng.choice([0, 10, 100, 2 ** 40, rng.randint(0, 5000)]))
+                      for name in names)
+        entries.append(LocalEntry(GROUP, f"{n:016d}", "k", files, kernel))
+    for block_size in (0, 6000):
+        got = [(i, j) for unit in _layout_order(entries, block_size) for i, j, _ in _unit_files(entries, unit)]
+        assert got == _reference_order(entries, block_size)

@@ -113,6 +113,14 @@ class FileBlobs:
         self.blobs = array("L")
         self.starts = array("L", [0])  # entry n's blobs are blobs[starts[n]:starts[n + 1]]
 
+    @classmethod
+    def unset(cls, counts: Iterable[int]) -> FileBlobs:
+        """Room for entries of ``counts`` files each, every blob 0 until set (a writer's, as it reads the files)."""
+        table = cls()
+        table.starts = array("L", accumulate(counts, initial=0))
+        table.blobs = array("L", [0]) * table.starts[-1]
+        return table
+
     def append(self, numbers: Iterable[int]) -> None:
         self.blobs.extend(numbers)
         self.starts.append(len(self.blobs))

@@ -38,6 +38,7 @@ from .index import (
     CODEC_ZSTD,
     CODEC_ZSTD_SPLICE,
     Block,
+    FileBlobs,
     IndexEncoding,
     block_table,
     check_index,
@@ -119,6 +120,8 @@ def _type_rank(ext: str) -> tuple[int, str]:
 _FILE_BITS = 20
 _NO_PAIR = (1 << _FILE_BITS) - 1
 _MOST_ENTRIES = 1 << (64 - 2 * _FILE_BITS)
+_UNIT_BITS = 64
+_UNIT_MASK = (1 << _UNIT_BITS) - 1
 
 
 def _unit(i: int, j: int, cubin: int = _NO_PAIR) -> int:
@@ -157,22 +160,33 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
 
     Sorted type by type, on keys of a file's own fields, the units made as the keys are: this runs before the
     first block is read, on the path of every pack (16-18 ms for 8,400 files on 2 cores, where one sort of all the
-    files on their types too, and the units made after it, took 37)."""
+    files on their types too, and the units made after it, took 37). A key is one int: the ranks of the file's
+    configuration, target and name, its size, and its unit in the low 64 bits (its entry's number orders as its
+    key would: ``entries`` come sorted by key). A tuple of the fields took 0.2 KB a file while the layout was
+    made, and the heap kept its size after (27 MB at 187,230 files, which later records only filled)."""
     if len(entries) > _MOST_ENTRIES or any(len(entry.files) >= _NO_PAIR for entry in entries):
         raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
-    of_type: dict[str, list] = {}  # extension (or _PAIRS) -> the sort keys of its files
+    names = _ranks({name for entry in entries for name in _names_and_sizes(entry.files)[0]})
+    targets = _ranks({entry.kernel.target if entry.kernel else "" for entry in entries})
+    configs = _ranks({_config(entry.kernel) for entry in entries} | {_NO_CONFIG})
+    # A key's fields, from the low bits: unit, name, target, size (64 bits: any file's), configuration
+    target_shift = _UNIT_BITS + len(names).bit_length()
+    size_shift = target_shift + len(targets).bit_length()
+    config_shift = size_shift + 64
+    plain = configs[_NO_CONFIG] << config_shift
+    of_type: dict[str, list[int]] = {}  # extension (or _PAIRS) -> the sort keys of its files
     for i, entry in enumerate(entries):
         kernel = entry.kernel
-        target = kernel.target if kernel else ""
-        config = (kernel.num_warps or 0, kernel.num_stages or 0, kernel.shared or 0) if kernel else _NO_CONFIG
-        paired = _ptx_pairs(entry, block_size)
+        target = targets[kernel.target if kernel else ""] << target_shift
+        config = configs[_config(kernel)] << config_shift
+        file_names, sizes = _names_and_sizes(entry.files)
+        paired = _ptx_pairs(file_names, sizes, block_size) if kernel is not None else {}
         cubins = set(paired.values())
-        for j, source in enumerate(entry.files):
-            name = source.name
+        for j, name in enumerate(file_names):
             cubin = paired.get(j)
             if cubin is not None:
-                of_type.setdefault(_PAIRS, []).append((config, source.size, target, name, entry.key, i, j,
-                                                       _unit(i, j, cubin)))
+                of_type.setdefault(_PAIRS, []).append(
+                    config | sizes[j] << size_shift | target | names[name] << _UNIT_BITS | _unit(i, j, cubin))
                 continue
             if j in cubins:  # it goes with its .ptx
                 continue
@@ -185,50 +199,94 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
             keys = of_type.get(ext)
             if keys is None:
                 keys = of_type[ext] = []
-            keys.append((config if ext in BY_CONFIG else _NO_CONFIG, source.size, target, name, entry.key, i, j,
-                         _unit(i, j)))
+            keys.append((config if ext in BY_CONFIG else plain) | sizes[j] << size_shift | target
+                        | names[name] << _UNIT_BITS | _unit(i, j))
     units = array("Q")
     for ext in sorted(of_type, key=_type_rank):
         keys = of_type.pop(ext)  # each type's keys go once its units are taken
         keys.sort()
-        units.extend(key[7] for key in keys)
+        units.extend(k & _UNIT_MASK for k in keys)
     return units
 
 
-def _ptx_pairs(entry: SourceEntry, block_size: int) -> dict[int, int]:
+def _names_and_sizes(files: Sequence[SourceFile]) -> tuple[Sequence[str], Sequence[int]]:
+    """Files' names and sizes, from the tables of a lazy sequence (``LocalFiles``, ``StoredFiles``) where it has
+    them: no file made one by one."""
+    names = getattr(files, "names", None)
+    if names is not None:
+        return names, files.sizes
+    return [f.name for f in files], [f.size for f in files]
+
+
+def _config(kernel: KernelInfo | None) -> tuple[int, int, int]:
+    return (kernel.num_warps or 0, kernel.num_stages or 0, kernel.shared or 0) if kernel else _NO_CONFIG
+
+
+def _ranks(values: set) -> dict:
+    """Each value's place in sorted order."""
+    return {value: n for n, value in enumerate(sorted(values))}
+
+
+def _ptx_pairs(names: Sequence[str], sizes: Sequence[int], block_size: int) -> dict[int, int]:
     """A group's ``<stem>.ptx`` file number -> its ``<stem>.cubin``'s, for the pairs that fit a block."""
-    if entry.kernel is None or not block_size:
+    if not block_size:
         return {}
-    numbers = {source.name: j for j, source in enumerate(entry.files)}
+    numbers = {name: j for j, name in enumerate(names)}
     pairs = {}
     for name, j in numbers.items():
         if name.endswith(".cubin"):
             ptx = numbers.get(name[:-len("cubin")] + "ptx")
-            if ptx is not None and entry.files[ptx].size + entry.files[j].size <= block_size:
+            if ptx is not None and sizes[ptx] + sizes[j] <= block_size:
                 pairs[ptx] = j
     return pairs
 
 
 class _Blobs:
-    """The blobs written so far, by number, in arrays: a named tuple and its ints took 0.13 KB a blob, these 24
-    bytes (and the digest, which the dedupe holds anyway). Iterated as the index lists them."""
+    """The blobs written so far, by number, and the dedupe of contents: arrays, one run of digests, and an open
+    addressing table of blob numbers by digest. A named tuple a blob took 0.13 KB; a dict of digests, their bytes
+    and an int a blob, 0.14 KB more (24.6 MB of a pack's 39 MB growth while it read 187,230 files); these take 64
+    bytes a blob. Iterated as the index lists them."""
 
-    def __init__(self):
+    def __init__(self, files: int):
         self.blocks, self.offsets, self.sizes = array("Q"), array("Q"), array("Q")
-        self.digests: list[bytes] = []
+        self.digests = bytearray()  # 32 bytes a blob
+        # A blob number + 1 a slot (0: free); at least twice the slots as files, so never more than half full
+        self._slots = array("I", [0]) * (1 << max(3, (2 * files).bit_length()))
 
     def __len__(self) -> int:
-        return len(self.digests)
+        return len(self.blocks)
 
     def __iter__(self):
-        return zip(self.blocks, self.offsets, self.sizes, self.digests, strict=True)
+        digests = self.digests
+        return ((block, offset, size, bytes(digests[32 * n:32 * n + 32]))
+                for n, (block, offset, size) in enumerate(zip(self.blocks, self.offsets, self.sizes, strict=True)))
 
-    def add(self, block: int, offset: int, size: int, digest: bytes) -> int:
+    def find(self, digest: bytes) -> int:
+        """The number of the blob with this sha256, or, where there is none, a negative number for ``add``."""
+        slots, digests = self._slots, self.digests
+        mask = len(slots) - 1
+        slot = hash(digest) & mask
+        while True:
+            blob = slots[slot] - 1
+            if blob < 0:
+                return ~slot
+            if digests[32 * blob:32 * blob + 32] == digest:
+                return blob
+            slot = (slot + 1) & mask
+
+    def add(self, missing: int, block: int, offset: int, size: int, digest: bytes) -> int:
+        """A new blob, where ``find`` returned ``missing`` for its digest (no blob added since)."""
+        blob = len(self.blocks)
+        self._slots[~missing] = blob + 1
         self.blocks.append(block)
         self.offsets.append(offset)
         self.sizes.append(size)
-        self.digests.append(digest)
-        return len(self.digests) - 1
+        self.digests += digest
+        return blob
+
+    def forget_contents(self) -> None:
+        """Every file is read: no content is looked up again."""
+        self._slots = array("I")
 
 
 def compress_block(data: bytes, level: int) -> bytes:
@@ -404,9 +462,10 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     blocks: list[Block] = []
-    blobs = _Blobs()
-    by_digest: dict[bytes, int] = {}
-    file_blobs = [array("L", [0]) * len(e.files) for e in entries]  # by entry, its files' blobs; all set below
+    files = sum(len(e.files) for e in entries)
+    blobs = _Blobs(files)
+    file_blobs = FileBlobs.unset([len(e.files) for e in entries])  # all set below
+    first, file_blob = file_blobs.starts, file_blobs.blobs  # entry i's file j has file_blob[first[i] + j]
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
     free: list[mmap.mmap] = []  # block buffers to reuse: no fresh pages to fault in for every block
     bytes_in = 0
@@ -417,7 +476,6 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     # as one ends: pack 0.92 and 0.96 of the time with four (host, synthetic and real cache), for one more 5.5 MB
     # zstd context. A read ahead takes a buffer of its own: only where the compressions and the block being filled
     # leave one spare (with helpers on 4 cores, four compress and the fifth buffer is filled: no sixth buffer).
-    files = sum(len(e.files) for e in entries)
     buffers = held_buffers(files, block_size)
     slots = buffers if helpers is not None else buffers - 1
     most_compressing = max(1, min(threads, slots))
@@ -515,17 +573,17 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
                 for (i, j, source, place), digest in zip(batch, future.result(), strict=True):
                     size = source.size
                     bytes_in += size
-                    blob = by_digest.get(digest)
-                    if blob is None:
-                        blob = by_digest[digest] = blobs.add(number, cursor, size, digest)
+                    blob = blobs.find(digest)
+                    if blob < 0:
+                        blob = blobs.add(blob, number, cursor, size, digest)
                         if cursor != place:
                             view[cursor:cursor + size] = view[place:place + size]  # a memmove
                         ptx = partner.get((i, j))
-                        ptx_blob = file_blobs[i][ptx] if ptx is not None else None
+                        ptx_blob = file_blob[first[i] + ptx] if ptx is not None else None
                         if ptx_blob is not None and blobs.blocks[ptx_blob] == number:
                             pairs.append((cursor, size, blobs.offsets[ptx_blob], blobs.sizes[ptx_blob]))
                         cursor += size
-                    file_blobs[i][j] = blob
+                    file_blob[first[i] + j] = blob
                     if on_file:
                         on_file(size)
             if len(blobs) > first_blob:  # even if all are empty files: their blobs point into this block
@@ -539,7 +597,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
         # the index is encoded (on 16 cores, 12-20 MB each for a cache of 187,230 files, at the pack's peak).
         if helpers is not None and not splice_ptx:
             helpers.close()
-        by_digest.clear()  # every file is read: no content is looked up again
+        blobs.forget_contents()
         # The index, but for its block table, is encoded and checked while the last blocks compress; but where the
         # files' records have taken the buffers down to their fewest, after, table and all, in one buffer (no copy
         # to join): its bytes (0.1 KB a file) and its check peaked beside the buffers and the last blocks' output
@@ -571,7 +629,7 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
     out.flush()
     return WriteResult(files, len(blobs), bytes_in,
-                       offset + len(index) + TRAILER_SIZE, len({file_blobs[i][j] for i, j in partner}),
+                       offset + len(index) + TRAILER_SIZE, len({file_blob[first[i] + j] for i, j in partner}),
                        sum(len(b.splices) for b in blocks))
 
 
