@@ -44,7 +44,7 @@ def writer_blocks(root: str) -> list[bytes]:
 
     entries = sorted(scan_cache(root).entries, key=lambda e: (e.key, e.kind, e.name))
     seen, blocks, current, size = set(), [], [], 0
-    for (_, _, source), in writer._layout_order(entries):
+    for source in (s for unit in writer._layout_order(entries) for _, _, s in writer._unit_files(entries, unit)):
         data = source.read()
         digest = hashlib.sha256(data).digest()
         if digest in seen:
