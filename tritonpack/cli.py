@@ -275,7 +275,9 @@ def ensure(
     Example: tritonpack ensure /models/llama/kernels.tpack && exec python serve.py
     """
     from .ensuring import ensure as ensure_archive
+    from .heap import fix_malloc_thresholds
 
+    fix_malloc_thresholds()
     _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict, processes=True), as_json, quiet)
 
 
@@ -333,8 +335,10 @@ def merge(
 
     Example: tritonpack merge base.tpack hotfix.tpack --prefer last -o kernels.tpack
     """
+    from .heap import fix_malloc_thresholds
     from .merging import merge as merge_archives
 
+    fix_malloc_thresholds()
     result = merge_archives(archives, output, prefer=prefer, level=level,
                             selection=selection(arch, kernel, binary_only))
     _emit(result, as_json, quiet)

@@ -96,7 +96,9 @@ def pack_output(cache_dir: str | None = None, output: str = "kernels.tpack", lev
                 progress: Progress | None = None, splice_ptx: bool = False) -> Output:
     from . import api
     from .archive.format import DEFAULT_LEVEL
+    from .heap import fix_malloc_thresholds
 
+    fix_malloc_thresholds()
     result = api.pack(cache_dir, output, level=DEFAULT_LEVEL if level is None else level,
                       selection=selection(arch, kernel, binary_only), since=since_time(since), progress=progress,
                       processes=True, splice_ptx=splice_ptx)
@@ -108,7 +110,9 @@ def unpack_output(archive: str, cache_dir: str | None = None, overwrite: bool = 
                   binary_only: bool = False, as_json: bool = False, quiet: bool = False,
                   progress: Progress | None = None) -> Output:
     from . import api
+    from .heap import fix_malloc_thresholds
 
+    fix_malloc_thresholds()
     result = api.unpack(archive, cache_dir, overwrite=overwrite, force=force, targets=target or None,
                         selection=selection(arch, kernel, binary_only), progress=progress, processes=True)
     return reported(result, as_json, quiet)
