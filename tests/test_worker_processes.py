@@ -132,12 +132,12 @@ def test_the_manifests_go_out_in_a_share_a_worker(tmp_path, archive, three_worke
     log = tmp_path / "shares.log"
     real = workers._stage_item
 
-    def logged(w, reader, number, block, data, plan, buffer):
+    def logged(w, reader, number, block, data, plan, *rest):
         if block is None:  # runs in a worker: an appended line is the parent's to read
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.write(fd, f"{len(plan)}\n".encode())
             os.close(fd)
-        return real(w, reader, number, block, data, plan, buffer)
+        return real(w, reader, number, block, data, plan, *rest)
 
     monkeypatch.setattr(workers, "_stage_item", logged)
     tritonpack.unpack(archive, tmp_path / "root", processes=True)
@@ -437,3 +437,60 @@ def test_a_corrupt_block_that_is_not_needed_fails_nothing(tmp_path, archive, thr
     result = tritonpack.unpack(archive, root, processes=True)
     assert result.written >= 1 and len(three_workers) == 3 and no_child_left()
     assert temp_files(root) == [] and group_problems(str(root)) == []
+
+
+def test_the_first_blocks_blobs_are_verified_while_the_parent_plans(tmp_path, archive, three_workers, monkeypatch):
+    """Each worker verifies the blobs of the block it decompressed ahead as soon as the blob table is decoded, not
+    after the plan comes: with a slow plan, all of them; and the cache is the one the threads write."""
+    from tritonpack import api
+
+    log = tmp_path / "verified.log"
+    real_verify, real_preflight = workers._verify_ahead, api.preflight
+
+    def logged(reader, number, data, blobs, checked, commands):
+        real_verify(reader, number, data, blobs, checked, commands)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)  # in a worker: a line for the parent to read
+        os.write(fd, f"{len(blobs[1]) // 8} {len(checked)}\n".encode())
+        os.close(fd)
+
+    def slow_preflight(*args, **kwargs):
+        time.sleep(0.5)
+        return real_preflight(*args, **kwargs)
+
+    monkeypatch.setattr(workers, "_verify_ahead", logged)
+    monkeypatch.setattr(api, "preflight", slow_preflight)
+    tritonpack.unpack(archive, tmp_path / "threads")
+    tritonpack.unpack(archive, tmp_path / "workers", processes=True)
+    lines = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    assert len(lines) == len(three_workers) == 3
+    assert all(listed == checked and listed > 0 for listed, checked in lines)
+    assert comparable(tmp_path / "workers") == comparable(tmp_path / "threads") and no_child_left()
+
+
+def test_a_blob_verified_ahead_is_one_that_matches_and_a_waiting_plan_comes_first(archive):
+    """Verification ahead adds only the blobs that match their digest (one that does not is checked again, and
+    fails, if the plan needs it), and stops as soon as a message waits: staging goes first."""
+    import hashlib
+    from array import array
+
+    from tritonpack.archive.splice import BlockContent
+
+    data = BlockContent(bytes(range(256)) * 4)
+    places = [(0, 100), (100, 300), (400, 624)]
+    digests = [hashlib.sha256(data.range(offset, size)).digest() for offset, size in places]
+    digests[1] = bytes(32)
+    blobs = (10, array("Q", [o for o, _ in places]).tobytes(), array("Q", [s for _, s in places]).tobytes(),
+             b"".join(digests))
+    read, write = os.pipe()
+    try:
+        with tritonpack.open(archive) as reader:
+            checked: set[int] = set()
+            workers._verify_ahead(reader, 0, data, blobs, checked, read)
+            assert checked == {10, 12}
+            os.write(write, b"x")  # a plan waits
+            checked = set()
+            workers._verify_ahead(reader, 0, data, blobs, checked, read)
+            assert checked == set()
+    finally:
+        os.close(read)
+        os.close(write)

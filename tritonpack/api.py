@@ -246,7 +246,8 @@ def unpack(
     # of the index and compares the archive with the root.
     launcher = Launcher(root) if processes else None
     with gpu_probe(targets) as gpus, launcher or contextlib.nullcontext(), \
-            ArchiveReader(open_source(archive), on_blocks=launcher) as reader:
+            ArchiveReader(open_source(archive), on_blocks=launcher,
+                          on_blobs=launcher.on_blobs if launcher else None) as reader:
         chosen, report = preflight(reader, targets, selection, force, gpus)
         entries = tuple(v.entry for v in report.verdicts)
         try:

@@ -3,7 +3,8 @@
 Python's per-file steps then run on several cores instead of taking turns on one interpreter lock, and the first
 blocks decode while the parent plans. ``Launcher`` forks the workers as soon as the archive's block table is read
 (``ArchiveReader(on_blocks=...)``), each with a first block (the largest first), which it decompresses at once
-while the parent decodes the rest of the index, checks it, and compares the archive with the root.
+while the parent decodes the rest of the index, checks it, and compares the archive with the root; as soon as the
+blob table is decoded (``on_blobs``), each verifies that block's blobs, until its plan comes.
 ``StagingWorkers.stage`` then sends each worker the plan of its item (each blob's place and sha256 in the block,
 and where its files go; or a share of the manifests), and further items with their plans, costliest first, to
 whichever worker reports back (before the parent records what it reported); a block decompressed ahead that the
@@ -25,14 +26,16 @@ import mmap
 import os
 import select
 import signal
+from array import array
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 
 from .archive.format import IN_FLIGHT
-from .archive.index import Block
+from .archive.index import BlobTable, Block
 from .archive.splice import BlockContent
 from .cachedest import manifest_json
-from .errors import CacheError
+from .errors import ArchiveError, CacheError
 from .forking import cores, die_with, fork_safe, private_map, receive_message, send_message
 from .staging import MANIFEST, StageWriter, Targets
 
@@ -42,7 +45,11 @@ MANIFESTS = -1  # an item that writes a share of the manifests, a share a worker
 MANIFESTS_A_SHARE = 2_000
 FILE_COST = 20_000  # what a file costs a worker, in bytes of block: to send out the costliest items first
 HELD_ASSEMBLED = 4 << 20  # a spliced block's cubins and the manifests are new bytes each: written by the 4 MiB
-_HINT, _PLAN, _STOP = 0, 1, 2  # messages to a worker: decompress this block now; stage this item so; end
+# Messages to a worker: decompress this block now; verify these blobs of it; stage this item so; end
+_HINT, _VERIFY, _PLAN, _STOP = 0, 1, 2, 3
+# Blobs a _VERIFY message lists at most: it must fit the pipe (64 KiB) while the worker still decompresses, or the
+# parent would wait on it instead of decoding the index (48 bytes a blob: offset, size, sha256)
+VERIFY_AHEAD = 1_200
 
 # What a worker is told to write: for a block, [(blob, offset, size, sha256, [(directory, name or None, entry,
 # file), ...]), ...]; for the manifests, [(directory, name or None, entry, path prefix, file names), ...]. A name
@@ -89,6 +96,11 @@ class Launcher:
             workers = StagingWorkers(reader, self.root, blocks, count)
             self.workers = workers if workers.children else None
 
+    def on_blobs(self, blobs: BlobTable) -> None:
+        """``ArchiveReader``'s ``on_blobs``: the workers verify blobs of the blocks they decompress meanwhile."""
+        if self.workers is not None:
+            self.workers.verify_ahead(blobs)
+
     def __enter__(self) -> Launcher:
         return self
 
@@ -98,10 +110,12 @@ class Launcher:
 
 
 def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: BlockContent | None,
-                plan: Plan, buffer: mmap.mmap) -> list[tuple[int, int, int, str | None]]:
+                plan: Plan, buffer: mmap.mmap, checked: frozenset[int] | set[int] = frozenset()
+                ) -> list[tuple[int, int, int, str | None]]:
     """Stage one item as planned: the files of block ``number`` (``data``: the block decompressed ahead, if it
     was; else it is decompressed into ``buffer``), each blob verified first; or, with no block, a share of the
-    manifests. Every file is written before it returns: nothing may hold a view of ``buffer`` past it."""
+    manifests. Every file is written before it returns: nothing may hold a view of ``buffer`` past it. ``checked``:
+    blobs of ``data`` verified already, while the plan was made."""
     jobs: list[tuple[str, str | None, bytes | memoryview]] = []
     owners: list[tuple[int, int, int]] = []
     staged: list[tuple[int, int, int, str | None]] = []
@@ -132,7 +146,8 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     else:
         decoded = data if data is not None else reader.read_block(number, block, buffer)
         for blob, offset, size, digest, where in plan:
-            content = reader.verified(decoded, number, blob, offset, size, digest)
+            content = decoded.range(offset, size) if blob in checked else \
+                reader.verified(decoded, number, blob, offset, size, digest)
             for directory, name, n, i in where:
                 jobs.append((directory, name, content))
                 owners.append((n, i, size))
@@ -140,6 +155,20 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
                 made(size)
     write()
     return staged
+
+
+def _verify_ahead(reader, number: int, data: BlockContent, blobs: tuple, checked: set[int], commands: int) -> None:
+    """Verify the listed blobs of block ``number`` (decoded: ``data``), adding each that matches its digest to
+    ``checked``, until a message waits (the plan: staging goes first). A blob that does not match is left out: if
+    the plan needs it, its check fails then, as it would have."""
+    first, offsets, sizes, digests = blobs
+    offsets, sizes = array("Q", offsets), array("Q", sizes)
+    for k, (offset, size) in enumerate(zip(offsets, sizes, strict=True)):
+        if k % 16 == 0 and select.select([commands], [], [], 0)[0]:
+            return
+        with contextlib.suppress(ArchiveError):
+            reader.verified(data, number, first + k, offset, size, digests[32 * k:32 * k + 32])
+            checked.add(first + k)
 
 
 def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, parts: int, commands: int,
@@ -153,6 +182,7 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     # first blocks fill them, and hold no more than the largest block whatever the number of blocks.
     buffer = private_map(max(1, max(block.stored for block in blocks)))
     ahead: tuple[int, BlockContent] | None = None  # (item, its block) decompressed before the plan came
+    checked: set[int] = set()  # blobs of the block ahead verified before its plan came
     try:
         while True:
             message = receive_message(commands)
@@ -164,6 +194,11 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
                     ahead = (number, reader.read_block(items[number], blocks[items[number]], buffer))
                 except Exception:  # not fatal yet: the plan may not need this block, and if it does, it fails then
                     ahead = None
+                checked = set()
+                continue
+            if message[0] == _VERIFY:
+                if ahead is not None and ahead[0] == message[1]:
+                    _verify_ahead(reader, items[ahead[0]], ahead[1], message[2:], checked, commands)
                 continue
             _, number, pid, token, plan = message
             if w.lock.token is None:  # the run's temp names, under its lock (which the parent holds)
@@ -172,8 +207,10 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
             data = ahead[1] if ahead is not None and ahead[0] == number else None
             ahead = None
             item = items[number] if number < len(items) else MANIFESTS  # a share added after the fork
-            staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan, buffer)
+            staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan, buffer,
+                                 checked if data is not None else frozenset())
             del data
+            checked = set()
             send_message(results, (True, staged))
             w.temps.clear()  # the parent's now
     except BaseException as e:
@@ -226,6 +263,23 @@ class StagingWorkers:
             os.close(results_w)
             send_message(commands_w, (_HINT, part))
             self.children[results_r] = (pid, commands_w, part)
+
+    def verify_ahead(self, blobs: BlobTable) -> None:
+        """Send each worker the places and digests of the first ``VERIFY_AHEAD`` blobs of the block it was hinted,
+        to verify while this process decodes the entries and plans (the workers would wait for the plan). Blobs
+        lie in block order in a writer's table; in another order, only those found so are listed."""
+        for _, commands, number in self.children.values():
+            block = self.items[number]
+            if self.blocks[block].splices:  # its cubins' texts would be derived twice
+                continue
+            first = bisect_left(blobs.blocks, block)
+            end = min(bisect_right(blobs.blocks, block, first), first + VERIFY_AHEAD)
+            if first >= end or any(blobs.blocks[n] != block for n in (first, end - 1)):
+                continue
+            message = (_VERIFY, number, first, blobs.offsets[first:end].tobytes(), blobs.sizes[first:end].tobytes(),
+                       blobs.digests[32 * first:32 * end])
+            with contextlib.suppress(BrokenPipeError):
+                send_message(commands, message)
 
     def stage(self, w: StageWriter, targets: Targets, manifests: list[tuple[str, str | None, int, object]],
               record: Record) -> None:

@@ -12,7 +12,7 @@ import io
 import re
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, repeat
 from typing import Any, NamedTuple
 
@@ -564,10 +564,12 @@ def _collector_paused():
             gc.enable()
 
 
-def decode_index(raw: bytes, path: str, version: tuple[int, int]) -> Index:
-    """Decode and check an index."""
+def decode_index(raw: bytes, path: str, version: tuple[int, int],
+                 on_blobs: Callable[[BlobTable], None] | None = None) -> Index:
+    """Decode and check an index. ``on_blobs``: called with the checked blob table as soon as it is decoded, before
+    the entries, where the index is in a writer's order."""
     with _collector_paused():
-        return _decode_index(raw, path, version)
+        return _decode_index(raw, path, version, on_blobs=on_blobs)
 
 
 def check_index(parts: list[bytes], path: str, version: tuple[int, int]) -> None:
@@ -586,7 +588,8 @@ _ARRAY_HEADS = frozenset({*range(0x90, 0xA0), 0xDC, 0xDD})  # msgpack's type byt
 _MAP_HEADS = frozenset({*range(0x80, 0x90), 0xDE, 0xDF})  # and of a map
 
 
-def _decode_index(raw: bytes | _Parts, path: str, version: tuple[int, int], keep: bool = True) -> Index:
+def _decode_index(raw: bytes | _Parts, path: str, version: tuple[int, int], keep: bool = True,
+                  on_blobs: Callable[[BlobTable], None] | None = None) -> Index:
     """Its arrays of blobs and entries are read one element at a time: a whole msgpack document beside the objects
     made from it took twice the memory of the index alone (57 MB against 29 for 55,000 files), the peak of every
     ``list`` and of an unpack's parent."""
@@ -614,6 +617,8 @@ def _decode_index(raw: bytes | _Parts, path: str, version: tuple[int, int], keep
             head = _decode_head(_Fields(fields, "index", path), version, path)
             blobs = _decode_blobs(_elements(unpacker, budget, path), [b.size for b in head[1]], path, keep)
             fields[key] = None
+            if on_blobs is not None and keep:
+                on_blobs(blobs)
         elif key == "entries" and array and blobs is not None:
             decoded = _decode_entries(_elements(unpacker, budget, path), blobs, path, keep)
             fields[key] = None

@@ -15,7 +15,7 @@ import zstandard
 from ..errors import ArchiveError, IntegrityError
 from ..model import ArchiveInfo, Entry
 from .format import HEADER_SIZE, IN_FLIGHT, TRAILER_SIZE, parse_header, parse_trailer
-from .index import CODEC_ZSTD, CODEC_ZSTD_SPLICE, Block, Index, decode_index, read_block_table
+from .index import CODEC_ZSTD, CODEC_ZSTD_SPLICE, BlobTable, Block, Index, decode_index, read_block_table
 from .limits import check_block_expansion, check_expansion, check_ratio
 from .source import ByteSource, LocalFile
 from .splice import BlockContent
@@ -95,14 +95,18 @@ class ArchiveReader:
     """An open ``.tpack`` archive. Use as a context manager, or call ``close()``."""
 
     def __init__(self, source: str | os.PathLike | ByteSource,
-                 on_blocks: Callable[[ArchiveReader, list[Block]], None] | None = None):
+                 on_blocks: Callable[[ArchiveReader, list[Block]], None] | None = None,
+                 on_blobs: Callable[[BlobTable], None] | None = None):
         """``source``: a path, or any ``ByteSource`` (size and positional reads). ``on_blocks``: called with the
         checked block table as soon as it is read, before the rest of the index is decoded and checked (unpack
         forks its workers there, to decode blocks meanwhile); not called where the table cannot be read ahead.
+        ``on_blobs``: called with the checked blob table, before the entries are decoded (the workers verify the
+        blobs of the blocks they decoded meanwhile), where ``on_blocks`` was.
         Until the constructor returns, only ``read_block``, ``local`` and ``index_size`` may be used."""
         self._source = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
         self.path = self._source.name
         self._on_blocks = on_blocks
+        self._on_blobs = on_blobs
         self.index_size = 0  # bytes of the decompressed index, from the trailer
         self._index_bytes: bytes | None = None  # the decompressed index, until it is decoded
         try:
@@ -126,6 +130,7 @@ class ArchiveReader:
             raise IntegrityError("index digest mismatch (archive corrupt or truncated)", self.path)
         self._index_bytes = _decompress(compressed, trailer.index_size, "index", self.path)
         del compressed  # not held while the index decodes
+        on_blobs = None
         if self._on_blocks is not None:
             blocks = read_block_table(self._index_bytes, self.path)
             try:
@@ -136,8 +141,9 @@ class ArchiveReader:
                 blocks = None
             if blocks is not None:
                 self._on_blocks(self, blocks)
+                on_blobs = self._on_blobs
         raw, self._index_bytes = self._index_bytes, None
-        index = decode_index(raw, self.path, version)
+        index = decode_index(raw, self.path, version, on_blobs)
         self._check_region(index.blocks, trailer.index_offset)
         check_expansion(index, self.path)
         self.digest = digest.hexdigest()
