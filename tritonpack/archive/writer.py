@@ -166,7 +166,8 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
     made, and the heap kept its size after (27 MB at 187,230 files, which later records only filled)."""
     if len(entries) > _MOST_ENTRIES or any(len(entry.files) >= _NO_PAIR for entry in entries):
         raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
-    names = _ranks({name for entry in entries for name in _names_and_sizes(entry.files)[0]})
+    tables = [_names_and_sizes(entry.files) for entry in entries]  # each entry's file names and sizes
+    names = _ranks({name for file_names, _ in tables for name in file_names})
     targets = _ranks({entry.kernel.target if entry.kernel else "" for entry in entries})
     configs = _ranks({_config(entry.kernel) for entry in entries} | {_NO_CONFIG})
     # A key's fields, from the low bits: unit, name, target, size (64 bits: any file's), configuration
@@ -175,11 +176,10 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
     config_shift = size_shift + 64
     plain = configs[_NO_CONFIG] << config_shift
     of_type: dict[str, list[int]] = {}  # extension (or _PAIRS) -> the sort keys of its files
-    for i, entry in enumerate(entries):
+    for i, (entry, (file_names, sizes)) in enumerate(zip(entries, tables, strict=True)):
         kernel = entry.kernel
         target = targets[kernel.target if kernel else ""] << target_shift
         config = configs[_config(kernel)] << config_shift
-        file_names, sizes = _names_and_sizes(entry.files)
         paired = _ptx_pairs(file_names, sizes, block_size) if kernel is not None else {}
         cubins = set(paired.values())
         for j, name in enumerate(file_names):
@@ -250,7 +250,7 @@ class _Blobs:
     def __init__(self, files: int):
         self.blocks, self.offsets, self.sizes = array("Q"), array("Q"), array("Q")
         self.digests = bytearray()  # 32 bytes a blob
-        # A blob number + 1 a slot (0: free); at least twice the slots as files, so never more than half full
+        # A blob number + 1 a slot (0: free); at least twice as many slots as files: never more than half full
         self._slots = array("I", [0]) * (1 << max(3, (2 * files).bit_length()))
 
     def __len__(self) -> int:
