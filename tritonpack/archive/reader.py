@@ -203,8 +203,9 @@ class ArchiveReader:
     def blocks_of(self, wanted: Iterable[int]) -> dict[int, list[int]]:
         """The blocks that hold the ``wanted`` blobs, in archive order, each with its wanted blobs in order."""
         by_block: dict[int, list[int]] = {}
+        block_of = self._index.blobs.blocks  # no BlobRef made a blob
         for blob in sorted(set(wanted)):
-            by_block.setdefault(self._index.blobs[blob].block, []).append(blob)
+            by_block.setdefault(block_of[blob], []).append(blob)
         return dict(sorted(by_block.items()))
 
     def iter_blobs(self, wanted: Iterable[int], threads: int | None = None) -> Iterator[tuple[int, memoryview | bytes]]:
