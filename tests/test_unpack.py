@@ -272,12 +272,14 @@ def test_an_index_made_after_the_last_block_is_the_same_index(tmp_path, compiled
 
 
 def test_held_buffers_make_room_for_the_files():
-    from tritonpack.archive.writer import BLOCK_SIZE, held_buffers
+    from tritonpack.archive.writer import BLOCK_SIZE, FILE_HELD, held_buffers
 
     assert held_buffers(0) == held_buffers(10_000) == 5
-    assert held_buffers(10_001) == 4  # a file's KB past ten thousand: a buffer's place
-    assert held_buffers(10_000 + BLOCK_SIZE // 1024) == 4
-    assert held_buffers(62_410) == 3  # ten copies of the real cache
+    assert held_buffers(10_001) == 4  # a file's share past ten thousand: a buffer's place
+    assert held_buffers(10_000 + BLOCK_SIZE // FILE_HELD) == 4
+    assert held_buffers(10_001 + BLOCK_SIZE // FILE_HELD) == 3
+    assert held_buffers(54_610) == 4  # ten copies of the real cache's files (manifests aside)
+    assert held_buffers(163_830) == 3  # thirty copies
     assert held_buffers(187_230) == held_buffers(10**7) == 2
 
 

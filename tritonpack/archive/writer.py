@@ -56,12 +56,14 @@ DEFAULT_SEARCH_LOG = 3  # see compress_block
 # pack is 173 MB with two compressing and a read ahead, 219-221 MB with four (bench/results/perf-*torch*.json).
 HELD = 5 * BLOCK_SIZE
 MOST_HELPERS = 4  # forked helpers of a pack (helpers.py), where there are twice as many cores
-# The pack also holds up to 1 KB a file until its index is written (the scan's entries, each file's digest, blob
-# and place in the index, then the index itself: summed PSS 163 MB for the real cache's 6,241 files, 180 MB for
-# ten copies of it and 218 MB for thirty, on 2 cores; 214 MB and 303 MB while the writer kept a model of its
-# entries and checked a joined copy of its index). Up to ``FILES_HELD`` files fit beside five blocks (224-245 MB of
-# summed PSS on the 16-core host for 6,241 and 9,600 files); each block's worth of files more takes a buffer's place.
-FILES_HELD, FILE_HELD = 10_000, 1024
+# The pack also holds what it knows of each file until its index is written (the scan's share of its group, its
+# digest, blob and dedupe slot, then the index's bytes): about 0.2 KB a file since d89babf, which took the layout's
+# tuples and the dedupe's dict out (1 KB before). Up to ``FILES_HELD`` files fit beside five blocks (219-224 MB of
+# summed PSS on the 16-core host for 6,241 and 9,600 files); each block's worth of files more, counted at
+# ``FILE_HELD`` bytes a file (with a margin: the host's PSS moves by 20 MB between calls), takes a buffer's place.
+# At 1 KB a file, 54,610 files had three buffers and 163,830 two; at 384 bytes, four and three: pack 0.85 and 0.76
+# of the time on 16 cores, 196 and 194-197 MB instead of 158 and 160 (bench/results/pack-buffers-file-held-*.json).
+FILES_HELD, FILE_HELD = 10_000, 384
 FEWEST_BUFFERS = 2
 
 
