@@ -62,8 +62,11 @@ MOST_HELPERS = 4  # forked helpers of a pack (helpers.py), where there are twice
 # summed PSS on the 16-core host for 6,241 and 9,600 files); each block's worth of files more, counted at
 # ``FILE_HELD`` bytes a file (with a margin: the host's PSS moves by 20 MB between calls), takes a buffer's place.
 # At 1 KB a file, 54,610 files had three buffers and 163,830 two; at 384 bytes, four and three: pack 0.85 and 0.76
-# of the time on 16 cores, 196 and 194-197 MB instead of 158 and 160 (bench/results/pack-buffers-file-held-*.json).
-FILES_HELD, FILE_HELD = 10_000, 384
+# of the time on 16 cores, 196 and 194-197 MB instead of 158 and 160 (bench/results/pack-buffers-file-held-*.json),
+# but 180,000 files, the last with three buffers, took 231 MB, where the index is encoded and checked beside them
+# (memory-scale-h200host-305dfdb.json). At 512 bytes: four buffers to 75,000 files, three to 141,000, and at the
+# last files of each, 202 MB (71,000 files) and 187 MB (136,500; memory-scale-h200host-file-held-512.json).
+FILES_HELD, FILE_HELD = 10_000, 512
 FEWEST_BUFFERS = 2
 
 
