@@ -20,7 +20,7 @@ from typing import NamedTuple
 from .archive.index import valid_file_name
 from .errors import CacheError
 from .forking import cores, fork_safe, forked_map
-from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, LazyFiles, StubInfo, manifest_name
+from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, LazyFiles, StubInfo, manifest_name, total_size
 from .triton_env import python_info
 
 # hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+); a little wider so that future encodings still read.
@@ -118,8 +118,7 @@ class LocalEntry(NamedTuple):
 
     @property
     def size(self) -> int:
-        sizes = getattr(self.files, "sizes", None)
-        return sum(sizes) if sizes is not None else sum(f.size for f in self.files)
+        return total_size(self.files)
 
 
 class Skipped(NamedTuple):

@@ -47,6 +47,24 @@ class LazyFiles(Sequence):
         return repr(tuple(self))
 
 
+def names_of(files: Sequence) -> Sequence[str]:
+    """Files' names, in order: a lazy sequence's from its table, without making each file (a loop over many files
+    takes these, not the files)."""
+    names = getattr(files, "names", None)
+    return names if names is not None else tuple(f.name for f in files)
+
+
+def sizes_of(files: Sequence) -> Sequence[int]:
+    """Files' sizes, in order (as ``names_of``)."""
+    sizes = getattr(files, "sizes", None)
+    return sizes if sizes is not None else tuple(f.size for f in files)
+
+
+def total_size(files: Sequence) -> int:
+    total = getattr(files, "total_size", None)  # an archive's entries sum their sizes without the files
+    return total if total is not None else sum(sizes_of(files))
+
+
 class KernelInfo(NamedTuple):
     """What a group's metadata json says about the compiled kernel (``None`` where it says nothing)."""
 
@@ -106,21 +124,17 @@ class Entry(NamedTuple):
 
     @property
     def size(self) -> int:
-        total = getattr(self.files, "total_size", None)  # an archive's entries sum their sizes without the files
-        return total if total is not None else sum(f.size for f in self.files)
+        return total_size(self.files)
 
     @property
     def file_names(self) -> Sequence[str]:
-        """The files' names, in order: an archive's entries have them without making each file (a loop over an
-        unpack's files takes these, not ``files``)."""
-        names = getattr(self.files, "names", None)
-        return names if names is not None else tuple(f.name for f in self.files)
+        """The files' names, in order (``names_of``): a loop over an unpack's files takes these, not ``files``."""
+        return names_of(self.files)
 
     @property
     def file_sizes(self) -> Sequence[int]:
         """The files' sizes, in order (as ``file_names``)."""
-        sizes = getattr(self.files, "sizes", None)
-        return sizes if sizes is not None else tuple(f.size for f in self.files)
+        return sizes_of(self.files)
 
     @property
     def ident(self) -> tuple[str, str, str]:

@@ -445,7 +445,7 @@ def write_staged(
         for key, numbers in by_key.items():
             key_dir = os.path.join(root, key)
             if key in stage_dirs:
-                paths = [t for n in numbers for _, t in [*staged[n].staged(), (MANIFEST, staged[n].manifest)] if t]
+                paths = [t for n in numbers for t in (*staged[n].files, staged[n].manifest) if t]  # temp paths
                 if w.rename_in(stage_dirs[key], key_dir, paths):
                     for n in numbers:
                         p = placements[n]

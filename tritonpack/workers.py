@@ -182,8 +182,8 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     # Every block is decompressed into this one map, sized for the largest: its pages are touched once, as the
     # first blocks fill them, and hold no more than the largest block whatever the number of blocks.
     buffer = private_map(max(1, max(block.stored for block in blocks)))
-    ahead: tuple[int, BlockContent] | None = None  # (item, its block) decompressed before the plan came
-    checked: set[int] = set()  # blobs of the block ahead verified before its plan came
+    # (item, its block, the blobs of it verified) decompressed before the plan came
+    ahead: tuple[int, BlockContent, set[int]] | None = None
     try:
         while True:
             message = receive_message(commands)
@@ -192,26 +192,24 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
             if message[0] == _HINT:
                 number = message[1]
                 try:
-                    ahead = (number, reader.read_block(items[number], blocks[items[number]], buffer))
+                    ahead = (number, reader.read_block(items[number], blocks[items[number]], buffer), set())
                 except Exception:  # not fatal yet: the plan may not need this block, and if it does, it fails then
                     ahead = None
-                checked = set()
                 continue
             if message[0] == _VERIFY:
                 if ahead is not None and ahead[0] == message[1]:
-                    _verify_ahead(reader, items[ahead[0]], ahead[1], message[2:], checked, commands)
+                    _verify_ahead(reader, items[ahead[0]], ahead[1], message[2:], ahead[2], commands)
                 continue
             _, number, pid, token, plan = message
             if w.lock.token is None:  # the run's temp names, under its lock (which the parent holds)
                 w.lock.pid, w.lock.token = pid, token
                 w.lock.share_names(part, parts)
-            data = ahead[1] if ahead is not None and ahead[0] == number else None
+            data, checked = ahead[1:] if ahead is not None and ahead[0] == number else (None, frozenset())
             ahead = None
             item = items[number] if number < len(items) else MANIFESTS  # a share added after the fork
             staged = _stage_item(w, reader, item, None if item == MANIFESTS else blocks[item], data, plan, buffer,
-                                 checked if data is not None else frozenset())
-            del data
-            checked = set()
+                                 checked)
+            del data, checked
             send_message(results, (True, staged))
             w.temps.clear()  # the parent's now
     except BaseException as e:

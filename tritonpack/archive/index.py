@@ -181,14 +181,13 @@ class StoredFiles(LazyFiles):
         if isinstance(i, slice):
             return tuple(self)[i]
         name = self.names[i]  # an IndexError past the end
-        blob = self._blobs.blobs[self._blobs.starts[self._number] + (i if i >= 0 else i + len(self.names))]
+        blob = self._blobs.blob(self._number, i if i >= 0 else i + len(self.names))
         return _new_tuple(StoredFile, (name, self._table.sizes[blob], self._table.digest(blob)))
 
     def __iter__(self) -> Iterator[StoredFile]:
         blobs, table = self._blobs[self._number], self._table
         return map(_new_tuple, repeat(StoredFile), zip(self.names, map(table.sizes.__getitem__, blobs),
                                                        map(table.digest, blobs), strict=True))
-
 
 
 class Index(NamedTuple):

@@ -22,7 +22,7 @@ import zstandard
 
 from ..errors import ArchiveError, CacheError, UsageError
 from ..forking import cores, fork_safe, private_map
-from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo
+from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, names_of, sizes_of
 from . import splice
 from .format import (
     DEFAULT_LEVEL,
@@ -171,7 +171,7 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
     made, and the heap kept its size after (27 MB at 187,230 files, which later records only filled)."""
     if len(entries) > _MOST_ENTRIES or any(len(entry.files) >= _NO_PAIR for entry in entries):
         raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
-    tables = [_names_and_sizes(entry.files) for entry in entries]  # each entry's file names and sizes
+    tables = [(names_of(entry.files), sizes_of(entry.files)) for entry in entries]  # each entry's, once
     names = _ranks({name for file_names, _ in tables for name in file_names})
     targets = _ranks({entry.kernel.target if entry.kernel else "" for entry in entries})
     configs = _ranks({_config(entry.kernel) for entry in entries} | {_NO_CONFIG})
@@ -212,15 +212,6 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
         keys.sort()
         units.extend(k & _UNIT_MASK for k in keys)
     return units
-
-
-def _names_and_sizes(files: Sequence[SourceFile]) -> tuple[Sequence[str], Sequence[int]]:
-    """Files' names and sizes, from the tables of a lazy sequence (``LocalFiles``, ``StoredFiles``) where it has
-    them: no file made one by one."""
-    names = getattr(files, "names", None)
-    if names is not None:
-        return names, files.sizes
-    return [f.name for f in files], [f.size for f in files]
 
 
 def _config(kernel: KernelInfo | None) -> tuple[int, int, int]:
@@ -467,10 +458,10 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     blocks: list[Block] = []
-    files = sum(len(e.files) for e in entries)
-    blobs = _Blobs(files)
-    file_blobs = FileBlobs.unset([len(e.files) for e in entries])  # all set below
+    file_blobs = FileBlobs.unset(len(e.files) for e in entries)  # all set below
     first, file_blob = file_blobs.starts, file_blobs.blobs  # entry i's file j has file_blob[first[i] + j]
+    files = len(file_blob)
+    blobs = _Blobs(files)
     pending: deque[list] = deque()  # [future, size, buffer] of each block submitted, in order, until written
     free: list[mmap.mmap] = []  # block buffers to reuse: no fresh pages to fault in for every block
     bytes_in = 0
