@@ -256,6 +256,7 @@ def unpack(
                                 fresh) for n, e in chosen]
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
+        del chosen  # a pair an entry, not held while the files are written
         total = sum(p.size for p in placements)
         written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
                               workers=launcher.workers if launcher else None)

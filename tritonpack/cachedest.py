@@ -8,6 +8,7 @@ unless asked to be.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -111,17 +112,23 @@ def holds_nothing(root: str) -> bool:
         return False
 
 
+@functools.cache
+def every_file(count: int) -> tuple[int, ...]:
+    """The file numbers of an entry taken whole: one tuple for all the entries of that many files, not one each."""
+    return tuple(range(count))
+
+
 def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
     another writer is still found."""
     if fresh:
-        return Placement(entry, blobs, WRITE, tuple(range(len(entry.files))))
+        return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     key_dir = os.path.join(root, entry.key)
     if os.path.islink(key_dir):  # never write through a link out of the root, even with overwrite
         return Placement(entry, blobs, CONFLICT)
     if not os.path.isdir(key_dir):  # the common case of a fresh root: one stat instead of one per file
-        return Placement(entry, blobs, WRITE, tuple(range(len(entry.files))))
+        return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
     differs = any(s is False for s in states)
     todo = tuple(i for i, s in enumerate(states) if s is not True)

@@ -123,10 +123,10 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     held = 0  # bytes made here (manifests, spliced cubins), not views of the block: written every few MB
 
     def write() -> None:
-        """Report each file staged: its path where it has a temp name, or is a manifest; None where it has its
+        """Report each file staged (a manifest too): its path where it has a temp name; None where it has its
         own name in a staging directory (the parent knows where, and need not hold a path a file)."""
         paths = w.stage_batch(jobs)
-        staged.extend((n, i, size, path if job[1] is None or i == MANIFEST else None)
+        staged.extend((n, i, size, path if job[1] is None else None)
                       for (n, i, size), path, job in zip(owners, paths, jobs, strict=True))
         jobs.clear()
         owners.clear()

@@ -727,6 +727,8 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
     # many entries share one str instead of a copy each.
     good_names: dict[str, str] = {}
     good_group_names: set[str] = set()  # and group names already validated, with their manifest's name
+    # Each entry's tuple of file names, kept once: the configurations of one kernel list the same names
+    name_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
     shared: dict[str, str] = {}  # the kinds and the kernels' backends, archs and versions, each kept once
     unknown = 0
     for n, raw_entry in enumerate(raw_entries):
@@ -800,7 +802,8 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
             meta = _decode_meta(kind, _Fields(raw_meta or {}, f"entries[{n}].meta", path))
         if keep:
             file_blobs.append(numbers)
-            files = StoredFiles(tuple(file_names), file_blobs, len(file_blobs) - 1, blobs)
+            names_kept = tuple(file_names)
+            files = StoredFiles(name_tuples.setdefault(names_kept, names_kept), file_blobs, len(file_blobs) - 1, blobs)
             entries.append(_new_tuple(Entry, (shared.setdefault(kind, kind), key, name, files, *meta)))
     return entries, file_blobs, unknown
 
