@@ -189,6 +189,30 @@ class Targets:
         return {directory for directory, names in map(self._where, set(self.entries)) if names is None}
 
 
+class ManifestJobs(Sequence):
+    """The manifests to stage, each ``(directory, name or None for a temp name, entry number, entry)`` made as it is
+    read: a tuple and a name held for each took 0.16 KB an entry."""
+
+    __slots__ = ("_numbers", "_placements", "_where")
+
+    def __init__(self, numbers: list[int], placements: Sequence[Placement],
+                 where: Sequence[tuple[str, Sequence[str] | None] | None]):
+        self._numbers = numbers  # the entries, by placement
+        self._placements = placements
+        self._where = where
+
+    def __len__(self) -> int:
+        return len(self._numbers)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return ManifestJobs(self._numbers[k], self._placements, self._where)
+        n = self._numbers[k]
+        directory, names = self._where[n]
+        entry = self._placements[n].entry
+        return directory, manifest_name(entry.name) if names is not None else None, n, entry
+
+
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -339,7 +363,7 @@ def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[P
     return now, written, size
 
 
-def _stage_in_threads(w: StageWriter, reader, manifest_jobs: list[_Manifest], targets: Targets,
+def _stage_in_threads(w: StageWriter, reader, manifest_jobs: Sequence[_Manifest], targets: Targets,
                       record: _Record) -> None:
     """Creating files is the cost of an unpack: writer threads overlap it with decoding and hashing. Files go to
     them in batches; one task a file costs more in thread hand-offs than the write itself."""
@@ -433,11 +457,7 @@ def write_staged(
 
         targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)
 
-        manifest_jobs = []
-        for n in manifests:
-            directory, names = where[n]
-            entry = placements[n].entry
-            manifest_jobs.append((directory, manifest_name(entry.name) if names is not None else None, n, entry))
+        manifest_jobs = ManifestJobs(manifests, placements, where)
 
         def record(n: int, i: int, size: int, temp: str | None) -> None:
             entry = staged[n]

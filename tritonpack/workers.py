@@ -29,7 +29,7 @@ import signal
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .archive.format import IN_FLIGHT
 from .archive.index import BlobTable, Block
@@ -280,7 +280,7 @@ class StagingWorkers:
             with contextlib.suppress(BrokenPipeError):
                 send_message(commands, message)
 
-    def stage(self, w: StageWriter, targets: Targets, manifests: list[tuple[str, str | None, int, object]],
+    def stage(self, w: StageWriter, targets: Targets, manifests: Sequence[tuple[str, str | None, int, object]],
               record: Record) -> None:
         """Stage every planned file (``targets``, whose destinations are worked out a block at a time, as its plan
         goes out) and manifest (directory, name, entry number, entry) through the workers; ``record`` each temp
