@@ -140,12 +140,12 @@ def _racing_place(monkeypatch, act, archive):
     real = staging.StageWriter.rename_in
     done = []
 
-    def rename_in(self, stage_dir, key_dir, paths):
+    def rename_in(self, stage_dir, key_dir):
         entry = groups.get(os.path.basename(key_dir))
         if not done and entry is not None:
             done.append(entry)
             act(os.path.dirname(key_dir), entry)
-        return real(self, stage_dir, key_dir, paths)
+        return real(self, stage_dir, key_dir)
 
     monkeypatch.setattr(staging.StageWriter, "rename_in", rename_in)
     return done

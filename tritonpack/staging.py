@@ -30,8 +30,8 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import groupby
-from typing import TYPE_CHECKING
+from itertools import accumulate, groupby
+from typing import TYPE_CHECKING, NamedTuple
 
 from .cachedest import (
     CONFLICT,
@@ -63,25 +63,18 @@ WRITERS = 4
 STAGE_DIRS = NAMES_A_RUN
 BATCH_FILES, BATCH_BYTES = 64, 1 << 20
 MAX_PENDING_BATCHES = 16
-MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest (``_Staged``'s last)
+MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest
 
 _Manifest = tuple[str, "str | None", int, Entry]  # directory, name or None (a temp name), entry number, entry
 _Record = Callable[[int, int, int, str | None], None]  # entry, file (or MANIFEST), size, temp path or None
 
 
-class _Staged:
-    """An entry's files staged so far, filled in as workers finish them. In a staging directory a file has its
-    own name there: its path is not kept (120 bytes a file, for the hundreds of thousands of files of a large
-    cache), only that it is staged; nor a manifest's. A list and slots: a dict and an instance dict an entry took
-    0.3 KB more."""
+class _Staged(NamedTuple):
+    """One entry's files staged (``Staged.of``): by file index, then the manifest (``MANIFEST``, the last), its
+    temp path, None where it has its own name in ``directory`` (its staging directory), False if not staged."""
 
-    __slots__ = ("directory", "files")
-
-    def __init__(self, directory: str | None, count: int) -> None:
-        self.directory = directory  # the entry's staging directory, if its key directory is made whole
-        # By file index, then the manifest (``MANIFEST``, the last): its temp path, None where it is staged in
-        # ``directory``, False until it is staged.
-        self.files: list[str | bool | None] = [False] * (count + 1)
+    directory: str | None
+    files: list[str | bool | None]
 
     def staged(self) -> list[tuple[int, str | None]]:
         """(file index, temp path or None) of each file staged, the manifest left out."""
@@ -95,6 +88,33 @@ class _Staged:
     def path(self, i: int, name: str) -> str:
         temp = self.files[i]
         return temp if isinstance(temp, str) else f"{self.directory}{os.sep}{name}"
+
+
+class Staged:
+    """What the entries have staged, filled in as workers report: a byte a file and a manifest, and the temp path
+    of each file with a temp name (in a key directory). In a staging directory a file has its own name: its path
+    is not kept (120 bytes a file, for the hundreds of thousands of files of a large cache). An object and a list
+    an entry took 0.18 KB."""
+
+    def __init__(self, counts: Sequence[int], stage_dirs: Sequence[str | None]):
+        """``counts``: each entry's files (0: an entry with nothing to stage); ``stage_dirs``: each entry's staging
+        directory, None where it writes into its key directory."""
+        self._stage_dirs = stage_dirs
+        self._starts = array("Q", accumulate((count + 1 if count else 0 for count in counts), initial=0))
+        self._done = bytearray(self._starts[-1])
+        self._temps: dict[int, str] = {}
+
+    def record(self, n: int, i: int, temp: str | None) -> None:
+        """File ``i`` (or ``MANIFEST``) of entry ``n`` is staged, at ``temp`` where that is a temp name."""
+        slot = self._starts[n] + i if i >= 0 else self._starts[n + 1] + i
+        self._done[slot] = 1
+        if temp is not None and self._stage_dirs[n] is None:
+            self._temps[slot] = temp
+
+    def of(self, n: int) -> _Staged:
+        start, end = self._starts[n], self._starts[n + 1]
+        temps, done = self._temps, self._done
+        return _Staged(self._stage_dirs[n], [temps.get(slot) if done[slot] else False for slot in range(start, end)])
 
 
 def _existing_ancestor(path: str) -> str:
@@ -284,8 +304,9 @@ class StageWriter:
             raise OSError(e.errno, e.strerror, directory) from e
         return paths
 
-    def rename_in(self, stage_dir: str, key_dir: str, paths: list[str]) -> bool:
-        """Move a staged key directory into place; False if the key directory appeared meanwhile with content."""
+    def rename_in(self, stage_dir: str, key_dir: str) -> bool:
+        """Move a staged key directory into place (its files have their own names there: none is a temp file of
+        ``temps``); False if the key directory appeared meanwhile with content."""
         try:
             os.rename(stage_dir, key_dir)  # replaces an empty directory, never a non-empty one
         except OSError as e:
@@ -293,7 +314,6 @@ class StageWriter:
                 return False
             raise
         self.stage_dirs.discard(stage_dir)
-        self.temps.difference_update(paths)
         return True
 
     def move(self, temp: str, final: str) -> None:
@@ -444,24 +464,23 @@ def write_staged(
                 w.ensure_dir(key_dir)
             else:
                 stage_dirs[key] = w.stage_dir()
-        # By placement (lists, not dicts: 50 bytes an entry less), what each active entry has staged, and where it
-        # writes: its staging directory, with its files' names (they have their own names there), or its key
-        # directory, with None (temp names). Once an entry: the loops over the files look it up.
-        staged: list[_Staged | None] = [None] * len(placements)
+        # By placement (a list, not a dict: 50 bytes an entry less), where each active entry writes: its staging
+        # directory, with its files' names (they have their own names there), or its key directory, with None
+        # (temp names). Once an entry: the loops over the files look it up.
         where: list[tuple[str, Sequence[str] | None] | None] = [None] * len(placements)
         for n in active:
             entry = placements[n].entry
             key = entry.key
-            staged[n] = _Staged(stage_dirs.get(key), len(entry.files))
             where[n] = (stage_dirs[key], entry.file_names) if key in stage_dirs else (os.path.join(root, key), None)
+        staged = Staged([len(p.entry.files) if at is not None else 0 for p, at in zip(placements, where, strict=True)],
+                        [at[0] if at is not None and at[1] is not None else None for at in where])
 
         targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)
 
         manifest_jobs = ManifestJobs(manifests, placements, where)
 
         def record(n: int, i: int, size: int, temp: str | None) -> None:
-            entry = staged[n]
-            entry.files[i] = None if entry.directory is not None else temp
+            staged.record(n, i, temp)
             if on_file and i != MANIFEST:
                 on_file(size)
 
@@ -474,16 +493,14 @@ def write_staged(
         for key, of_key in groupby(active, key_of):
             numbers = list(of_key)
             key_dir = os.path.join(root, key)
-            if key in stage_dirs:
-                paths = [t for n in numbers for t in staged[n].files if t]  # temp paths
-                if w.rename_in(stage_dirs[key], key_dir, paths):
-                    for n in numbers:
-                        p = placements[n]
-                        files += len(p.files)
-                        size += p.size
-                    continue
+            if key in stage_dirs and w.rename_in(stage_dirs[key], key_dir):
+                for n in numbers:
+                    p = placements[n]
+                    files += len(p.files)
+                    size += p.size
+                continue
             for n in numbers:  # an existing key directory, or one that appeared meanwhile: entry by entry
-                final[n], f, s = _commit(w, root, placements[n], staged[n])
+                final[n], f, s = _commit(w, root, placements[n], staged.of(n))
                 files += f
                 size += s
             if key in stage_dirs:
