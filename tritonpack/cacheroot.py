@@ -80,14 +80,20 @@ def read_file_into(path: str, view: memoryview) -> None:
 
 class LocalFiles(LazyFiles):
     """A group's files, each a ``LocalFile`` made as it is read from its names and sizes: a ``LocalFile`` and its
-    size's int a file took 0.1 KB, for as long as a pack runs."""
+    size's int a file took 0.1 KB, for as long as a pack runs. Its directory too is made as it is read, from the
+    root and the key that every group shares or holds already (its path took 0.11 KB a group)."""
 
-    __slots__ = ("directory", "names", "sizes")
+    __slots__ = ("key", "names", "root", "sizes")
 
-    def __init__(self, directory: str, names: tuple[str, ...], sizes: array) -> None:
-        self.directory = directory
+    def __init__(self, root: str, key: str, names: tuple[str, ...], sizes: array) -> None:
+        self.root = root
+        self.key = key
         self.names = names
         self.sizes = sizes
+
+    @property
+    def directory(self) -> str:
+        return os.path.join(self.root, self.key)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -101,7 +107,7 @@ class LocalFiles(LazyFiles):
         return map(LocalFile, self.names, repeat(self.directory), self.sizes)
 
     def __reduce__(self):  # the forked scan sends its entries to the parent
-        return LocalFiles, (self.directory, self.names, self.sizes)
+        return LocalFiles, (self.root, self.key, self.names, self.sizes)
 
 
 class LocalEntry(NamedTuple):
@@ -137,6 +143,8 @@ class CacheScan:
         self.skipped: list[Skipped] = []
         # child names found valid so far: the kernels of one template share them, and each is checked once
         self.valid_names: set[str] = set()
+        # and their tuples, each kept once (an entry's took 0.11 KB): the configurations of one kernel list the same
+        self.name_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     @property
     def foreign_manifests(self) -> int:
@@ -268,7 +276,7 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan:
     if not isinstance(children, dict) or not children:
         skipped.append(Skipped(rel, "unreadable manifest"))
         return None
-    group_name = manifest[len(MANIFEST_PREFIX):-len(".json")]
+    group_name = sys.intern(manifest[len(MANIFEST_PREFIX):-len(".json")])  # one a kernel, not one a configuration
     if not group_name:
         skipped.append(Skipped(rel, "manifest names no kernel"))
         return None
@@ -296,7 +304,8 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan:
         kind=GROUP,
         key=key,
         name=group_name,
-        files=LocalFiles(key_dir, tuple(names), array("Q", [files[n] for n in names])),
+        files=LocalFiles(root, key, scan.name_tuples.setdefault(kept := tuple(names), kept),
+                         array("Q", [files[n] for n in names])),
         kernel=kernel_info(metadata),
         foreign_manifest=foreign,
     )
