@@ -141,8 +141,13 @@ def measure(args, work: str) -> None:
     sys.path.insert(0, os.path.dirname(HERE))
     from tritonpack.cacheroot import scan_cache
 
-    targets = sorted({e.kernel.target for e in scan_cache(cache).entries if e.kernel})
-    one_arch = targets[0] if len(targets) > 1 else None  # partial unpack: one target of several
+    scanned = scan_cache(cache).entries
+    targets = sorted({e.kernel.target for e in scanned if e.kernel})
+    one_arch = targets[0] if len(targets) > 1 else None  # partial unpack: one target of several (the goal's row)
+    partial = targets if one_arch else []  # and each of them, beside its share of the cache's files and bytes
+    of_target = {t: [e for e in scanned if e.kernel and e.kernel.target == t] for t in partial}
+    shares = {t: (sum(len(e.files) for e in of) / sum(len(e.files) for e in scanned),
+                  sum(e.size for e in of) / sum(e.size for e in scanned)) for t, of in of_target.items()}
     paths = {name: os.path.join(work, name) for name in ("zst19", "zst3", "tpack", "spliced", "out")}
     paths["zst19"] += ".tar.zst"
     paths["zst3"] += ".tar.zst"
@@ -168,7 +173,7 @@ def measure(args, work: str) -> None:
         "tar -x (.tar.zst -19)": (lambda: f"{unzstd(paths['zst19'])} | tar -C {out} -xf -", fresh_out),
         "cp -r": (lambda: ["cp", "-r", cache, os.path.join(out, "copy")], fresh_out),
         "tritonpack unpack": (unpack(), fresh_out),
-        f"tritonpack unpack --arch {one_arch}": (unpack("--arch", one_arch or ""), fresh_out),
+        **{f"tritonpack unpack --arch {t}": (unpack("--arch", t), fresh_out) for t in partial},
         "tritonpack unpack --binary-only": (unpack("--binary-only"), fresh_out),
         "tritonpack list": ([*tp, "list", paths["tpack"]], None),
         "tritonpack list --json": ([*tp, "list", paths["tpack"], "--json"], None),
@@ -183,8 +188,6 @@ def measure(args, work: str) -> None:
     for round_number in range(args.rounds):
         for name, (cmd, before) in cases.items():
             if name == "tar | zstd -19 -T0" and round_number:  # minutes, and only its size is a goal
-                continue
-            if name.endswith("--arch None"):  # one target only: no partial unpack to measure
                 continue
             if before:
                 before()
@@ -238,6 +241,9 @@ def measure(args, work: str) -> None:
         "check seconds (<= 0.2)": c["tritonpack check"]["seconds"],
         "one arch / full unpack (<= 0.4 for 1 of 3)":
             round(c[f"tritonpack unpack --arch {one_arch}"]["seconds"] / full, 3) if one_arch else None,
+        "one arch / full unpack, each target [ratio, its share of the files, of the bytes]": {
+            t: [round(c[f"tritonpack unpack --arch {t}"]["seconds"] / full, 3), round(shares[t][0], 3),
+                round(shares[t][1], 3)] for t in partial} or None,
         "binary-only / full unpack": round(c["tritonpack unpack --binary-only"]["seconds"] / full, 3),
         "splice-ptx: archive bytes / tar|zstd-19 (<= 0.6)":
             round(sizes["tritonpack pack --splice-ptx"] / sizes["tar | zstd -19 -T0"], 3),
