@@ -13,7 +13,9 @@ def _entry(key: str, name: str, count: int) -> Entry:
 
 def test_staged_files_read_back_per_entry():
     # entry 0 in a staging directory, entry 1 not written, entry 2 into its key directory under temp names
-    staged = Staged([3, 0, 2], ["/root/.stage0", None, None])
+    entries = [_entry("KEY0", "k", 3), _entry("KEY1", "b", 4), _entry("KEY2", "c", 2)]
+    placements = [Placement(e, (0,) * len(e.files), WRITE, tuple(range(len(e.files)))) for e in entries]
+    staged = Staged(placements, [("/root/.stage0", entries[0].file_names), None, ("/root/KEY2", None)])
     staged.record(0, 2, "/root/.stage0/k.2")
     staged.record(0, MANIFEST, "/root/.stage0/__grp__k.json")
     staged.record(2, 1, "/root/KEY2/tmp.1")

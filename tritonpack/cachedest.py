@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from .archive.reader import ArchiveReader
 from .errors import CacheError
-from .model import GROUP, Entry, manifest_name
+from .model import GROUP, Entry, manifest_name, names_of
 
 WRITE = "write"  # absent (or invisible leftovers): written
 PRESENT = "present"  # identical already: nothing to do
@@ -51,7 +51,7 @@ class Placement(NamedTuple):
 
 def manifest_bytes(root: str, entry: Entry) -> bytes:
     """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
-    return manifest_json(os.path.join(root, entry.key, ""), [f.name for f in entry.files])
+    return manifest_json(os.path.join(root, entry.key, ""), names_of(entry.files))
 
 
 def manifest_json(prefix: str, names: Sequence[str]) -> bytes:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .model import AUTOTUNE, GROUP
+from .model import AUTOTUNE, GROUP, names_of
 
 BINARY_SUFFIXES = (".cubin", ".hsaco")  # with <name>.json, what Triton's TRITON_STORE_BINARY_ONLY keeps
 
@@ -49,7 +49,7 @@ class Selection(NamedTuple):
     def file_indices(self, entry) -> list[int]:
         """Indices of the entry's files to take."""
         if self.binary_only and entry.kind == GROUP:
-            names = [f.name for f in entry.files]
+            names = names_of(entry.files)
             keep = set(binary_only_names(entry.name, names))
             return [i for i, n in enumerate(names) if n in keep]
         return list(range(len(entry.files)))

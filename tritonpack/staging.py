@@ -96,11 +96,11 @@ class Staged:
     is not kept (120 bytes a file, for the hundreds of thousands of files of a large cache). An object and a list
     an entry took 0.18 KB."""
 
-    def __init__(self, counts: Sequence[int], stage_dirs: Sequence[str | None]):
-        """``counts``: each entry's files (0: an entry with nothing to stage); ``stage_dirs``: each entry's staging
-        directory, None where it writes into its key directory."""
-        self._stage_dirs = stage_dirs
-        self._starts = array("Q", accumulate((count + 1 if count else 0 for count in counts), initial=0))
+    def __init__(self, placements: Sequence[Placement], where: Sequence[tuple[str, Sequence[str] | None] | None]):
+        """``where``: by placement, where each entry to stage writes (``write_staged``), None for the others."""
+        self._where = where
+        self._starts = array("Q", accumulate((len(p.entry.files) + 1 if at is not None else 0
+                                              for p, at in zip(placements, where, strict=True)), initial=0))
         self._done = bytearray(self._starts[-1])
         self._temps: dict[int, str] = {}
 
@@ -108,13 +108,15 @@ class Staged:
         """File ``i`` (or ``MANIFEST``) of entry ``n`` is staged, at ``temp`` where that is a temp name."""
         slot = self._starts[n] + i if i >= 0 else self._starts[n + 1] + i
         self._done[slot] = 1
-        if temp is not None and self._stage_dirs[n] is None:
+        if temp is not None and self._where[n][1] is None:
             self._temps[slot] = temp
 
     def of(self, n: int) -> _Staged:
         start, end = self._starts[n], self._starts[n + 1]
         temps, done = self._temps, self._done
-        return _Staged(self._stage_dirs[n], [temps.get(slot) if done[slot] else False for slot in range(start, end)])
+        at = self._where[n]  # a staging directory, where the files have their own names (None: not staged)
+        return _Staged(at[0] if at is not None and at[1] is not None else None,
+                       [temps.get(slot) if done[slot] else False for slot in range(start, end)])
 
 
 def _existing_ancestor(path: str) -> str:
@@ -472,8 +474,7 @@ def write_staged(
             entry = placements[n].entry
             key = entry.key
             where[n] = (stage_dirs[key], entry.file_names) if key in stage_dirs else (os.path.join(root, key), None)
-        staged = Staged([len(p.entry.files) if at is not None else 0 for p, at in zip(placements, where, strict=True)],
-                        [at[0] if at is not None and at[1] is not None else None for at in where])
+        staged = Staged(placements, where)
 
         targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)
 

@@ -33,6 +33,7 @@ from ..model import (
     StoredFile,
     StubInfo,
     TritonInfo,
+    names_of,
 )
 from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
 from .limits import IndexBudget, IndexTooLarge
@@ -266,7 +267,7 @@ class IndexEncoding:
         tail.pack_array_header(len(entries))
         for i, e in enumerate(entries):
             tail.pack({"kind": e.kind, "key": e.key, "name": e.name,
-                       "files": [[f.name, blob] for f, blob in zip(e.files, file_blobs[i], strict=True)],
+                       "files": [[name, blob] for name, blob in zip(names_of(e.files), file_blobs[i], strict=True)],
                        "meta": _entry_meta(e)})
         self.whole: memoryview | None = tail.getbuffer() if blocks is not None else None
         self._tail = tail.bytes() if blocks is None else b""
