@@ -24,8 +24,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from array import array
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perf import run
 
 LAYOUTS = ("default", "backend", "target")
 
@@ -46,26 +48,19 @@ def pack_with_layout(layout: str, root: str, out: str) -> None:
         key = _key_of(layout)
         order, plan = writer._layout_order, writer._plan
 
-        def grouped(entries, units):
-            return itertools.groupby(units, lambda unit: key(entries[writer._unit_numbers(unit)[0]]))
+        def unit_key(entries):
+            return lambda unit: key(entries[writer._unit_numbers(unit)[0]])
 
         def layout_order(entries, block_size=0):
-            units = order(entries, block_size)
-            return array("Q", sorted(units, key=lambda unit: key(entries[writer._unit_numbers(unit)[0]])))
+            return array("Q", sorted(order(entries, block_size), key=unit_key(entries)))  # stable: type order kept
 
         def plan_by_run(entries, units, block_size):
-            for _, run in grouped(entries, units):
+            for _, run in itertools.groupby(units, unit_key(entries)):
                 yield from plan(entries, array("Q", run), block_size)
 
         writer._layout_order, writer._plan = layout_order, plan_by_run
     sys.argv = ["tritonpack", "pack", root, "-o", out, "-q"]
     main()
-
-
-def timed(cmd: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -98,7 +93,7 @@ def main() -> None:
                 shutil.rmtree(out_dir, ignore_errors=True)
                 arch = [] if target == "all" else ["--arch", target]
                 times[layout, target].append(
-                    timed([*tp, "unpack", archives[layout], "--cache-dir", out_dir, "--force", "-q", *arch]))
+                    run([*tp, "unpack", archives[layout], "--cache-dir", out_dir, "--force", "-q", *arch])[0])
         report = {"cores": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "rounds": args.rounds,
                   "layouts": {}}
         base = os.path.getsize(archives["default"])
