@@ -249,6 +249,7 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
     add("index-no-content-size", lambda: C(index_hook=_no_content_size).build())
     add("index-trailing-bytes", lambda: C(index_hook=lambda f: f + b"\0").build())
     add("index-two-frames", lambda: C(index_hook=lambda f: f + zframe(b"\x80")).build())
+    add("index-frame-cut-short", lambda: C(index_hook=lambda f: f[:-2]).build())
     add("index-corrupt-frame", lambda: C(index_hook=lambda f: f[:-6] + bytes(b ^ 0x55 for b in f[-6:])).build())
     # §7 9-11: the document
     add("msgpack-garbage", lambda: C(raw_index=b"\xc1\xc1\xc1").build())

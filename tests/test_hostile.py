@@ -171,6 +171,26 @@ def test_an_index_in_another_key_order_reads_the_same(tmp_path, order):
     assert indexes[0] == indexes[1]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_the_index_reads_the_same_whatever_its_chunks(monkeypatch, chunk):
+    """The index decompresses as msgpack reads it, a chunk of compressed bytes at a time, and ``decode_index``
+    looks at the byte after each top-level key for an array: the same index whatever the chunks, including where
+    a key ends a chunk."""
+    from conftest import FIXTURES
+
+    from tritonpack.archive import reader as reader_module
+
+    archive = FIXTURES / "torch-max-autotune-h200-triton36.tpack"  # 6,241 files, a 0.6 MB index
+    with tritonpack.open(archive) as reader:
+        whole = reader.index
+    monkeypatch.setattr(reader_module, "INDEX_CHUNK", chunk)
+    seen = []  # the blocks and the blobs were each read as an array, element by element (not one document)
+    with reader_module.ArchiveReader(archive, on_blocks=lambda _, blocks: seen.append(len(blocks)),
+                                     on_blobs=lambda blobs: seen.append(len(blobs))) as reader:
+        assert reader.index == whole and len(whole.entries) == 781
+    assert seen == [len(whole.blocks), len(whole.blobs)]
+
+
 def test_names_with_control_characters_print_on_one_line(tmp_path, capsys):
     evil = "evil\x1b[2J\nkernel\u202e"
     archive = tmp_path / "evil.tpack"

@@ -459,3 +459,25 @@ def test_only_an_absent_or_empty_root_is_planned_without_a_look_at_each_key(tmp_
     result = tritonpack.unpack(archive, root)
     assert result.written == result.entries and (root / "notes.txt").read_text() == "not a key\n"
     assert tritonpack.unpack(archive, root).present == result.entries
+
+
+@pytest.mark.parametrize("blob_blocks", [[0, 0, 1, 1, 2, 3], [2, 0, 1, 0, 3, 1]], ids=["writer-order", "shuffled"])
+def test_the_files_to_stage_come_in_block_order_then_blob_entry_and_file(blob_blocks):
+    """``Targets`` places each file by a counting sort on its blob's place in block order: the order of sorting
+    (block, blob, entry, file), whether the blob table is in block order (a writer's) or not."""
+    from types import SimpleNamespace
+
+    from tritonpack.staging import Targets
+
+    placements = [SimpleNamespace(blobs=(5, 0, 3), files=(0, 1, 2)), SimpleNamespace(blobs=(1, 1), files=(1,)),
+                  SimpleNamespace(blobs=(2, 0, 5, 4), files=(0, 1, 2, 3)), SimpleNamespace(blobs=(3,), files=(0,))]
+    active = [2, 0, 3, 1]  # in any order
+    targets = Targets(placements, active, blob_blocks, lambda n: (f"d{n}", None))
+    expected = sorted((blob_blocks[p.blobs[i]], p.blobs[i], n, i) for n in active for p in [placements[n]]
+                      for i in p.files)
+    placed = list(zip(targets.blobs, targets.entries, targets.files, strict=True))
+    assert placed == [(b, n, i) for _, b, n, i in expected]
+    blocks = [block for block, _, _, _ in expected]
+    assert targets.blocks == {block: (blocks.index(block), len(blocks) - blocks[::-1].index(block))
+                              for block in sorted(set(blocks))}
+    assert targets.distinct_blobs() == list(dict.fromkeys(b for _, b, _, _ in expected))

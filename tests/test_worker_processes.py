@@ -404,20 +404,29 @@ def test_workers_fork_on_the_block_table_and_die_with_a_bad_index(tmp_path, thre
     assert len(three_workers) == 6 and no_child_left() and not (tmp_path / "bad").exists()
 
 
-def test_the_block_table_read_ahead_is_the_index_s_or_none(tmp_path, archive):
+def test_the_block_table_is_handed_on_before_the_blobs_where_the_index_is_in_a_writer_s_order(archive):
+    """Unpack forks its workers with the block table (``on_head``) and has them verify with the blob table
+    (``on_blobs``), both read off the index as it streams in; an index in another order gets neither, and decodes
+    the same."""
     import msgpack
+    import zstandard
 
-    from tritonpack.archive.index import read_block_table
+    from tritonpack.archive.format import TRAILER_SIZE, parse_trailer
+    from tritonpack.archive.index import decode_index
 
-    with tritonpack.open(archive) as reader:
-        blocks = list(reader.index.blocks)
-    doc = {"format": "tpack", "blocks": [{"offset": b.offset, "length": b.length, "size": b.size, "codec": b.codec}
-                                         for b in blocks], "entries": []}
-    assert read_block_table(msgpack.packb(doc), "x") == blocks
-    assert read_block_table(msgpack.packb({"entries": [], **doc}), "x") == blocks  # anywhere in the map
-    for broken in ([doc], {"format": "tpack"}, {"blocks": {"offset": 1}}, {"blocks": [{"offset": -1}]}):
-        assert read_block_table(msgpack.packb(broken), "x") is None
-    assert read_block_table(b"\xc1", "x") is None and read_block_table(msgpack.packb(doc)[:40], "x") is None
+    data = archive.read_bytes()
+    trailer = parse_trailer(data[-TRAILER_SIZE:], len(data), "x")
+    start = trailer.index_offset
+    raw = zstandard.ZstdDecompressor().decompress(data[start:start + trailer.index_length])
+    calls = []
+    index = decode_index(raw, "x", (1, 0), on_head=lambda blocks: calls.append(("head", list(blocks))),
+                         on_blobs=lambda blobs: calls.append(("blobs", len(blobs))))
+    assert calls == [("head", list(index.blocks)), ("blobs", len(index.blobs))]
+    doc = msgpack.unpackb(raw)
+    reordered = msgpack.packb({"blobs": doc.pop("blobs"), **doc})
+    calls.clear()
+    assert decode_index(reordered, "x", (1, 0), on_head=calls.append, on_blobs=calls.append) == index
+    assert calls == []
 
 
 def test_a_corrupt_block_that_is_not_needed_fails_nothing(tmp_path, archive, three_workers):
@@ -451,7 +460,7 @@ def test_the_first_blocks_blobs_are_verified_while_the_parent_plans(tmp_path, ar
     def logged(reader, number, data, blobs, checked, commands):
         real_verify(reader, number, data, blobs, checked, commands)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)  # in a worker: a line for the parent to read
-        os.write(fd, f"{len(blobs[1]) // 8} {len(checked)}\n".encode())
+        os.write(fd, f"{len(blobs[1]) // 4} {len(checked)}\n".encode())
         os.close(fd)
 
     def slow_preflight(*args, **kwargs):
@@ -480,7 +489,7 @@ def test_a_blob_verified_ahead_is_one_that_matches_and_a_waiting_plan_comes_firs
     places = [(0, 100), (100, 300), (400, 624)]
     digests = [hashlib.sha256(data.range(offset, size)).digest() for offset, size in places]
     digests[1] = bytes(32)
-    blobs = (10, array("Q", [o for o, _ in places]).tobytes(), array("Q", [s for _, s in places]).tobytes(),
+    blobs = (10, array("I", [o for o, _ in places]).tobytes(), array("I", [s for _, s in places]).tobytes(),
              b"".join(digests))
     read, write = os.pipe()
     try:

@@ -163,7 +163,7 @@ def _verify_ahead(reader, number: int, data: BlockContent, blobs: tuple, checked
     ``checked``, until a message waits (the plan: staging goes first). A blob that does not match is left out: if
     the plan needs it, its check fails then, as it would have."""
     first, offsets, sizes, digests = blobs
-    offsets, sizes = array("Q", offsets), array("Q", sizes)
+    offsets, sizes = array("I", offsets), array("I", sizes)  # as ``BlobTable`` has them
     for k, (offset, size) in enumerate(zip(offsets, sizes, strict=True)):
         if k % 16 == 0 and select.select([commands], [], [], 0)[0]:
             return
@@ -177,7 +177,6 @@ def _work(reader, items: list[int], blocks: list[Block], root: str, part: int, p
     """A worker: decompress the block it is hinted, then stage each item as the parent plans it and report the
     temp files made, until told to stop. On failure its own unreported temp files go, and the error to the
     parent."""
-    reader.forget_index_bytes()
     w = StageWriter(root)
     # Every block is decompressed into this one map, sized for the largest: its pages are touched once, as the
     # first blocks fill them, and hold no more than the largest block whatever the number of blocks.
