@@ -165,11 +165,12 @@ class Targets:
         """``blob_blocks``: the block of each blob; ``where``: an entry's directory, and its files' names where
         they have their own names there (None: temp names)."""
         self._where = where
-        blobs_in_order = all(a <= b for a, b in pairwise(blob_blocks))  # as a writer numbers them
-        order = range(len(blob_blocks)) if blobs_in_order else \
-            array("I", sorted(range(len(blob_blocks)), key=blob_blocks.__getitem__))
-        rank = order if blobs_in_order else array("I", bytes(4 * len(order)))  # a blob's place in block order
-        if not blobs_in_order:
+        # The blobs in block order, and each blob's place in it: their own order, where a writer numbered them
+        if all(a <= b for a, b in pairwise(blob_blocks)):
+            order = rank = range(len(blob_blocks))
+        else:
+            order = array("I", sorted(range(len(blob_blocks)), key=blob_blocks.__getitem__))
+            rank = array("I", bytes(4 * len(order)))
             for place, blob in enumerate(order):
                 rank[blob] = place
         starts = array("I", bytes(4 * (len(order) + 1)))  # first, the files of each blob; then where they go

@@ -96,7 +96,10 @@ class BlobTable:
         return BlobRef(self.blocks[n], self.offsets[n], self.sizes[n], self.digest(n))  # an IndexError past the end
 
     def __iter__(self) -> Iterator[BlobRef]:
-        return map(self.__getitem__, range(len(self)))
+        digests = self.digests  # bytes; a writer's grows a bytearray, whose slices become bytes here
+        return map(_new_tuple, repeat(BlobRef), zip(self.blocks, self.offsets, self.sizes,
+                                                    (bytes(digests[k:k + 32]) for k in range(0, len(digests), 32)),
+                                                    strict=True))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BlobTable):

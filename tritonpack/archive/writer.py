@@ -37,6 +37,7 @@ from .helpers import BlockHelpers, fill
 from .index import (
     CODEC_ZSTD,
     CODEC_ZSTD_SPLICE,
+    BlobTable,
     Block,
     FileBlobs,
     IndexEncoding,
@@ -237,25 +238,19 @@ def _ptx_pairs(names: Sequence[str], sizes: Sequence[int], block_size: int) -> d
     return pairs
 
 
-class _Blobs:
-    """The blobs written so far, by number, and the dedupe of contents: arrays, one run of digests, and an open
-    addressing table of blob numbers by digest. A named tuple a blob took 0.13 KB; a dict of digests, their bytes
-    and an int a blob, 0.14 KB more (24.6 MB of a pack's 39 MB growth while it read 187,230 files); these take 52
-    bytes a blob (64 with 8-byte numbers). Iterated as the index lists them."""
+class _Blobs(BlobTable):
+    """The blobs written so far, by number, as the index's table has them, and the dedupe of contents: an open
+    addressing table of blob numbers by digest over the table's one run of digests. A named tuple a blob took
+    0.13 KB; a dict of digests, their bytes and an int a blob, 0.14 KB more (24.6 MB of a pack's 39 MB growth while
+    it read 187,230 files); these take 52 bytes a blob (64 with 8-byte numbers)."""
+
+    __slots__ = ("_slots",)
 
     def __init__(self, files: int):
-        self.blocks, self.offsets, self.sizes = array("I"), array("I"), array("I")  # as the reader's ``BlobTable``
-        self.digests = bytearray()  # 32 bytes a blob
+        super().__init__()
+        self.digests = bytearray()  # grown a blob at a time
         # A blob number + 1 a slot (0: free); at least twice as many slots as files: never more than half full
         self._slots = array("I", [0]) * (1 << max(3, (2 * files).bit_length()))
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __iter__(self):
-        digests = self.digests
-        return ((block, offset, size, bytes(digests[32 * n:32 * n + 32]))
-                for n, (block, offset, size) in enumerate(zip(self.blocks, self.offsets, self.sizes, strict=True)))
 
     def find(self, digest: bytes) -> int:
         """The number of the blob with this sha256, or, where there is none, a negative number for ``add``."""
@@ -266,7 +261,7 @@ class _Blobs:
             blob = slots[slot] - 1
             if blob < 0:
                 return ~slot
-            if digests[32 * blob:32 * blob + 32] == digest:
+            if digests[32 * blob:32 * blob + 32] == digest:  # a file's step: no method call
                 return blob
             slot = (slot + 1) & mask
 
