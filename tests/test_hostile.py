@@ -6,6 +6,7 @@ import itertools
 import os
 import shutil
 import struct
+import tempfile
 
 import pytest
 import zstandard
@@ -268,8 +269,8 @@ def test_kernel_metadata_fast_path_agrees_with_the_checked_path(meta):
 def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
     """``check_index`` (a writer's check of its own index, which keeps nothing it decodes and reads it in parts)
     takes and refuses the indexes ``decode_index`` takes and refuses, with the same message, however the index is
-    cut into parts."""
-    from tritonpack.archive.index import check_index, decode_index
+    cut into parts, and with a part read from a file."""
+    from tritonpack.archive.index import FileSpan, check_index, decode_index
 
     build, _, env = CASES[name]
     for var, value in env.items():
@@ -282,13 +283,18 @@ def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
         return
     bounds = sorted({0, min(1, len(raw)), len(raw) // 3, len(raw) // 2, max(0, len(raw) - 1), len(raw)})
     parts = [b"", *(raw[a:b] for a, b in itertools.pairwise(bounds)), b""]  # empty parts too
-    decodes = [lambda: decode_index(raw, "a.tpack", (1, 1)), lambda: check_index([raw], "a.tpack", (1, 1)),
-               lambda: check_index(parts, "a.tpack", (1, 1))]
-    outcomes = []
-    for decode in decodes:
-        try:
-            decode()
-            outcomes.append(None)
-        except tritonpack.ArchiveError as e:
-            outcomes.append(str(e))
-    assert outcomes[0] == outcomes[1] == outcomes[2]
+    with tempfile.TemporaryFile() as spill:  # the middle of the index read from a file, as a writer spills it
+        spill.write(b"x" * 5 + raw[len(raw) // 3:len(raw) // 2])
+        spill.flush()
+        spilled = [raw[:len(raw) // 3], FileSpan(spill.fileno(), 5, len(raw) // 2 - len(raw) // 3),
+                   raw[len(raw) // 2:]]
+        decodes = [lambda: decode_index(raw, "a.tpack", (1, 1)), lambda: check_index([raw], "a.tpack", (1, 1)),
+                   lambda: check_index(parts, "a.tpack", (1, 1)), lambda: check_index(spilled, "a.tpack", (1, 1))]
+        outcomes = []
+        for decode in decodes:
+            try:
+                decode()
+                outcomes.append(None)
+            except tritonpack.ArchiveError as e:
+                outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1] == outcomes[2] == outcomes[3]

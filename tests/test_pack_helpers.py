@@ -167,3 +167,20 @@ def test_block_buffers_are_released_after_their_last_block(tmp_path, compiled_ro
         else:
             assert buffer not in compressing
             gone.add(buffer)
+
+
+def test_a_file_span_reads_as_its_bytes(tmp_path):
+    """A spilled index is read through ``FileSpan`` where a writer read bytes: items and slices the same."""
+    from tritonpack.archive.index import FileSpan
+
+    data = bytes(range(256)) * 3
+    with open(tmp_path / "spill", "w+b") as f:
+        f.write(b"head" + data)
+        f.flush()
+        span = FileSpan(f.fileno(), 4, len(data))
+        assert len(span) == len(data)
+        assert [span[k] for k in (0, 1, 255, len(data) - 1)] == [data[k] for k in (0, 1, 255, len(data) - 1)]
+        for a, b in ((0, 0), (0, 10), (5, 700), (700, 10_000), (-3, None), (None, None)):
+            assert span[a:b] == data[a:b]
+        with pytest.raises(IndexError):
+            span[len(data)]

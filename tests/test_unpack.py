@@ -252,23 +252,26 @@ def test_compressions_at_once_fit_the_held_buffers(tmp_path, compiled_root, monk
 
 @pytest.mark.parametrize("splice_ptx", [False, True])
 def test_an_index_made_after_the_last_block_is_the_same_index(tmp_path, compiled_root, monkeypatch, splice_ptx):
-    """Where the files have taken the buffers down to their fewest, the index is made once every block is written,
-    table and all, in one buffer: the same archive, which reads and unpacks the same."""
+    """Where the files have taken the buffers down to their fewest, the index is made once every block is written
+    and checked with the real block table: the same archive, which reads and unpacks the same."""
+    import msgpack
+
     from tritonpack.archive import writer
 
     tritonpack.pack(compiled_root, tmp_path / "early.tpack", splice_ptx=splice_ptx)
     monkeypatch.setattr(writer, "held_buffers", lambda files, block_size=writer.BLOCK_SIZE: writer.FEWEST_BUFFERS)
-    made = []
-    real = writer.IndexEncoding
+    checked = []  # the block table each check read
+    real = writer.check_index
 
-    def recorded(*args):
-        made.append(len(args) == 5 and args[4] is not None)
-        return real(*args)
+    def recorded(parts, *args):
+        checked.append(bytes(parts[1]))
+        return real(parts, *args)
 
-    monkeypatch.setattr(writer, "IndexEncoding", recorded)
+    monkeypatch.setattr(writer, "check_index", recorded)
     tritonpack.pack(compiled_root, tmp_path / "late.tpack", splice_ptx=splice_ptx)
-    assert made == [True]
     assert (tmp_path / "late.tpack").read_bytes() == (tmp_path / "early.tpack").read_bytes()
+    with tritonpack.open(tmp_path / "late.tpack") as reader:
+        assert checked == [msgpack.packb(writer.block_table(reader.index.blocks), use_bin_type=True)]
 
 
 def test_held_buffers_make_room_for_the_files():

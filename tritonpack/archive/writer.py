@@ -338,7 +338,7 @@ def write_archive(
         raise CacheError(f"cannot create the archive: {e.strerror}", path) from e
     try:
         with os.fdopen(fd, "wb") as out:
-            result = _write(out, entries, info, level, block_size, threads or cores(), on_file,
+            result = _write(out, path, entries, info, level, block_size, threads or cores(), on_file,
                             splice_ptx, helpers)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
@@ -445,7 +445,8 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
         yield batch
 
 
-def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
+def _write(out, path, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
+    directory = os.path.dirname(os.path.abspath(path))
     entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
     units = _layout_order(entries, block_size if splice_ptx else 0)
     partner = {(i, cubin): ptx for i, ptx, cubin in map(_unit_numbers, units)  # (entry, cubin) -> its .ptx
@@ -590,37 +591,49 @@ def _write(out, entries, info, level, block_size, threads, on_file, splice_ptx, 
             helpers.close()
         blobs.forget_contents()
         # The index, but for its block table, is encoded and checked while the last blocks compress; but where the
-        # files' records have taken the buffers down to their fewest, after, table and all, in one buffer (no copy
-        # to join): its bytes (0.1 KB a file) and its check peaked beside the buffers and the last blocks' output
-        # (2-core VM, 374,460 files: 332 MB, then 312-314 MB once the index waited, the writing's own peak).
-        if buffers <= FEWEST_BUFFERS:
-            settle(0)
-            encoding = IndexEncoding(info, blobs, entries, file_blobs, blocks)
-            check_index(encoding.parts(blocks), out.name, info.format_version)
-        else:
-            encoding = IndexEncoding(info, blobs, entries, file_blobs)
-            sizes = [b.size for b in blocks] + [item[1] for item in pending]
-            stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
-            # Never write what a reader would reject. The real table differs from the stand-in only in offsets and
-            # lengths, which this function sets, in order, from the blocks it writes.
-            check_index(encoding.parts(stand_in), out.name, info.format_version)
-            settle(0)
+        # files' records have taken the buffers down to their fewest, after, with the real table: its check peaked
+        # beside the buffers and the last blocks' output (2-core VM, 374,460 files: 332 MB, then 312-314 MB once
+        # the index waited, the writing's own peak). Its bytes go to a temp file beside the archive as they are
+        # packed, and from it through the compressor to the archive: never held.
+        with tempfile.TemporaryFile(dir=directory) as spill:
+            if buffers <= FEWEST_BUFFERS:
+                settle(0)
+                encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
+                table = msgpack.packb(block_table(blocks), use_bin_type=True)
+                check_index(encoding.parts(table), path, info.format_version)
+            else:
+                encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
+                sizes = [b.size for b in blocks] + [item[1] for item in pending]
+                stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
+                # Never write what a reader would reject. The real table differs from the stand-in only in offsets
+                # and lengths, which this function sets, in order, from the blocks it writes.
+                check_index(encoding.parts(msgpack.packb(block_table(stand_in), use_bin_type=True)), path,
+                            info.format_version)
+                settle(0)
+                if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
+                    raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)",
+                                       path)
+                table = msgpack.packb(block_table(blocks), use_bin_type=True)
+                if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check
+                    decode_blocks(msgpack.unpackb(table), path)
+            index_size = encoding.size(table)
+            compressor = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compressobj(
+                size=index_size)
+            digest, index_length = hashlib.sha256(), 0
 
-    if encoding.whole is not None:  # made after the last block: its real table was checked with it
-        raw_index = encoding.whole
-    else:
-        if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
-            raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)", out.name)
-        table = msgpack.packb(block_table(blocks), use_bin_type=True)
-        if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check: checked as read
-            decode_blocks(msgpack.unpackb(table), out.name)
-        raw_index = encoding.finished(table)
-    index = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_content_size=True).compress(raw_index)
-    out.write(index)
-    out.write(pack_trailer(Trailer(offset, len(index), len(raw_index), hashlib.sha256(index).digest())))
+            def write(data: bytes) -> None:
+                nonlocal index_length
+                out.write(data)
+                digest.update(data)
+                index_length += len(data)
+
+            for chunk in encoding.chunks(table):
+                write(compressor.compress(chunk))
+            write(compressor.flush())
+    out.write(pack_trailer(Trailer(offset, index_length, index_size, digest.digest())))
     out.flush()
     return WriteResult(files, len(blobs), bytes_in,
-                       offset + len(index) + TRAILER_SIZE, len({file_blob[first[i] + j] for i, j in partner}),
+                       offset + index_length + TRAILER_SIZE, len({file_blob[first[i] + j] for i, j in partner}),
                        sum(len(b.splices) for b in blocks))
 
 
