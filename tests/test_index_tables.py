@@ -69,3 +69,17 @@ def test_the_writers_blob_table_finds_each_content_once():
     assert all(type(d) is bytes for *_, d in blobs)  # packed as msgpack bin, as before
     blobs.forget_contents()  # the digests stay for the index
     assert len(blobs) == 12 and list(blobs)[5][3] == digests[5]
+
+
+def test_what_groups_share_is_decoded_once():
+    """A kernel's configurations share its name, most groups an empty env and a few shared-memory sizes: the
+    decoded index holds one object of each (the real cache: 780 groups, 23 names)."""
+    from pathlib import Path
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "torch-max-autotune-h200-triton36.tpack"
+    with tritonpack.open(fixture) as reader:
+        groups = [e for e in reader.entries if e.kind == "group"]
+    assert len(groups) == 780
+    assert len({id(e.name) for e in groups}) == len({e.name for e in groups}) == 23
+    assert len({id(e.kernel.env) for e in groups}) == 1 and groups[0].kernel.env == {}
+    assert len({id(e.kernel.shared) for e in groups}) == len({e.kernel.shared for e in groups})

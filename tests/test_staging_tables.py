@@ -1,10 +1,12 @@
-"""Unpack's plan in tables (``staging.Staged``, ``staging.ManifestJobs``): each entry reads back as the records
-it replaced, a staged file's temp path kept only where it has a temp name."""
+"""Unpack's plan in tables (``staging.Staged``, ``staging.ManifestJobs``, ``staging.Destinations``): each entry
+reads back as the records it replaced, a staged file's temp path kept only where it has a temp name."""
 from __future__ import annotations
+
+from array import array
 
 from tritonpack.cachedest import WRITE, Placement
 from tritonpack.model import GROUP, Entry, StoredFile
-from tritonpack.staging import MANIFEST, ManifestJobs, Staged
+from tritonpack.staging import KEY_DIRECTORY, MANIFEST, NOT_STAGED, Destinations, ManifestJobs, Staged
 
 
 def _entry(key: str, name: str, count: int) -> Entry:
@@ -15,17 +17,18 @@ def test_staged_files_read_back_per_entry():
     # entry 0 in a staging directory, entry 1 not written, entry 2 into its key directory under temp names
     entries = [_entry("KEY0", "k", 3), _entry("KEY1", "b", 4), _entry("KEY2", "c", 2)]
     placements = [Placement(e, (0,) * len(e.files), WRITE, tuple(range(len(e.files)))) for e in entries]
-    staged = Staged(placements, [("/root/.stage0", entries[0].file_names), None, ("/root/KEY2", None)])
-    staged.record(0, 2, "/root/.stage0/k.2")
-    staged.record(0, MANIFEST, "/root/.stage0/__grp__k.json")
+    staged = Staged(placements, Destinations("/root", placements, array("i", [0, NOT_STAGED, KEY_DIRECTORY]),
+                                             "/root/.stage"))
+    staged.record(0, 2, "/root/.stage0000/k.2")
+    staged.record(0, MANIFEST, "/root/.stage0000/__grp__k.json")
     staged.record(2, 1, "/root/KEY2/tmp.1")
     staged.record(2, MANIFEST, "/root/KEY2/tmp.m")
 
     first = staged.of(0)
     assert first.files == [False, False, None, None]  # own names in the staging directory: no path kept
     assert first.staged() == [(2, None)]
-    assert first.path(2, "k.2") == "/root/.stage0/k.2"
-    assert first.path(MANIFEST, "__grp__k.json") == "/root/.stage0/__grp__k.json"
+    assert first.path(2, "k.2") == "/root/.stage0000/k.2"
+    assert first.path(MANIFEST, "__grp__k.json") == "/root/.stage0000/__grp__k.json"
     assert first.temp(MANIFEST) is None
 
     third = staged.of(2)
@@ -39,8 +42,9 @@ def test_staged_files_read_back_per_entry():
 def test_manifest_jobs_are_made_as_they_are_read():
     entries = [_entry("KEY0", "a", 2), _entry("KEY1", "b", 3), _entry("KEY2", "c", 1)]
     placements = [Placement(e, (0,) * len(e.files), WRITE, tuple(range(len(e.files)))) for e in entries]
-    where = [("/root/.stage0", entries[0].file_names), None, ("/root/KEY2", None)]
+    where = Destinations("/root", placements, array("i", [0, NOT_STAGED, KEY_DIRECTORY]), "/root/.stage")
+    assert list(where) == [("/root/.stage0000", ("a.0", "a.1")), None, ("/root/KEY2", None)]
     jobs = ManifestJobs([0, 2], placements, where)
-    expected = [("/root/.stage0", "__grp__a.json", 0, entries[0]), ("/root/KEY2", None, 2, entries[2])]
+    expected = [("/root/.stage0000", "__grp__a.json", 0, entries[0]), ("/root/KEY2", None, 2, entries[2])]
     assert len(jobs) == 2 and list(jobs) == expected and jobs[-1] == expected[-1]
     assert list(jobs[1:]) == expected[1:] and len(jobs[:0]) == 0

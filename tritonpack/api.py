@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -191,22 +192,25 @@ def check(archive: str | os.PathLike, targets: list[str] | None = None) -> Check
 
 
 def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selection = EVERYTHING,
-              force: bool = False, gpus: GpuProbe | None = None) -> tuple[list[tuple[int, Entry]], CheckReport]:
-    """The selected entries to write, numbered as in the archive, and the check report behind the choice.
+              force: bool = False, gpus: GpuProbe | None = None) -> tuple[array, CheckReport]:
+    """The numbers in the archive of the selected entries to write, and the check report behind the choice (a
+    pair of a number and an entry took 0.1 KB an entry, and a set of the usable entries as much again).
 
     Raises ``IncompatibleError`` when none of them would be used here, unless ``force``.
     """
     from .compat import check_entries
 
-    selected = [(n, e) for n, e in enumerate(reader.entries) if selection.wants(e)]
-    entries = tuple(e for _, e in selected)
+    every = reader.entries
+    selected = array("I", (n for n, e in enumerate(every) if selection.wants(e)))
+    entries = tuple(map(every.__getitem__, selected))
     report = check_entries(entries, reader.info, environment(entries, targets, gpus))
     if entries and not report.usable and not force:
         reason = report.reasons()[0][0]
         raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
                                 "--force writes them anyway", reader.path)
-    chosen = {id(v.entry) for v in (report.verdicts if force else report.usable)}
-    return [(n, e) for n, e in selected if id(e) in chosen], report
+    if force:
+        return selected, report
+    return array("I", (n for n, v in zip(selected, report.verdicts, strict=True) if v.usable)), report
 
 
 def _resolve_root(cache_dir) -> str:
@@ -252,11 +256,11 @@ def unpack(
         entries = tuple(v.entry for v in report.verdicts)
         try:
             fresh = holds_nothing(root)
-            placements = [place(root, *_taken(e, reader.entry_blobs(n), selection.file_indices(e)), overwrite,
-                                fresh) for n, e in chosen]
+            every = reader.entries
+            placements = [place(root, *_taken(every[n], reader.entry_blobs(n), selection.file_indices(every[n])),
+                                overwrite, fresh) for n in chosen]
         except OSError as e:
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
-        del chosen  # a pair an entry, not held while the files are written
         total = sum(p.size for p in placements)
         written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
                               workers=launcher.workers if launcher else None)

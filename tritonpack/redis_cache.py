@@ -202,7 +202,7 @@ def unpack_to_redis(
     try:
         with ArchiveReader(open_source(archive)) as reader:
             chosen, report = preflight(reader, targets, force=force)
-            with_blobs = [(reader.entry_blobs(n), e) for n, e in chosen]
+            with_blobs = [(reader.entry_blobs(n), reader.entries[n]) for n in chosen]
             plans = plan(client, shown, fmt, with_blobs, overwrite)
             total = sum(p.size for p in plans)
             files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))

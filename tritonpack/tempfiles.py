@@ -105,8 +105,12 @@ class RunLock:
 
     def temp_name(self) -> str:
         """A fresh temp file name for this run (unique per directory with O_EXCL; the counter wraps harmlessly)."""
+        return f"{self.prefix()}{next(self._counter) % NAMES_A_RUN:04x}"
+
+    def prefix(self) -> str:
+        """What this run's temp names start with; four hex digits of a counter follow (``NAMES_A_RUN`` names)."""
         self.acquire()
-        return f"{PREFIX}{self.pid}.{self.token}{next(self._counter) % NAMES_A_RUN:04x}"
+        return f"{PREFIX}{self.pid}.{self.token}"
 
     def share_names(self, part: int, parts: int) -> None:
         """In forked worker ``part`` of ``parts``: its own range of counters, so that workers writing into one

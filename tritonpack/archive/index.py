@@ -419,18 +419,22 @@ def _depth(value: Any) -> int:
 
 
 _KERNEL_UINTS = ("warp_size", "num_warps", "num_stages", "num_ctas", "shared")
+_NO_ENV = ("env",)  # in a decode's shared objects: the key of the empty env, the first item of the others'
 _KERNEL_STRS = ("backend", "triton_version", "hash")
 
 
-def _kernel_fast(m: dict, shared: dict[str, str]) -> KernelInfo | None:
+def _kernel_fast(m: dict, shared: dict) -> KernelInfo | None:
     """A group's metadata in the well-formed case, checked without helpers (thousands per index); ``None`` sends
-    the caller to ``_decode_meta``, which names the first problem. Its backend, arch and Triton version are
-    kept once (``shared``): msgpack makes a str of each for every entry."""
+    the caller to ``_decode_meta``, which names the first problem. Its backend, arch, Triton version, numbers
+    and env are kept once (``shared``): msgpack makes an object of each for every entry (an empty env's dict and
+    a shared memory size's int took 90 bytes a group)."""
     env = m.get("env")
     if env is None:
-        env = {}
+        env = shared.setdefault(_NO_ENV, {})
     elif type(env) is not dict or not all(type(k) is str and type(v) is str for k, v in env.items()):
         return None
+    else:
+        env = shared.setdefault((_NO_ENV, *env.items()), env)
     arch = m.get("arch")
     if arch is not None and type(arch) is not int and type(arch) is not str:
         return None
@@ -442,11 +446,11 @@ def _kernel_fast(m: dict, shared: dict[str, str]) -> KernelInfo | None:
         value = m.get(name)
         if value is not None and type(value) is not str:
             return None
-    backend, version = m.get("backend"), m.get("triton_version")
+    backend, version, size = m.get("backend"), m.get("triton_version"), m.get("shared")
     return _new_tuple(KernelInfo, (
         backend if backend is None else shared.setdefault(backend, backend),
         arch if type(arch) is not str else shared.setdefault(arch, arch), m.get("warp_size"), m.get("num_warps"),
-        m.get("num_stages"), m.get("num_ctas"), m.get("shared"),
+        m.get("num_stages"), m.get("num_ctas"), size if size is None else shared.setdefault(size, size),
         version if version is None else shared.setdefault(version, version), m.get("hash"), env))
 
 
@@ -754,10 +758,12 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
     # Names already validated, each kept once: the configurations of one kernel share their file names, and so
     # many entries share one str instead of a copy each.
     good_names: dict[str, str] = {}
-    good_group_names: set[str] = set()  # and group names already validated, with their manifest's name
+    # And group names already validated, with their manifest's name, each kept once: a kernel's configurations
+    # share its name (the real cache's 780 groups have 23 names)
+    group_names: dict[str, str] = {}
     # Each entry's tuple of file names, kept once: the configurations of one kernel list the same names
     name_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
-    shared: dict[str, str] = {}  # the kinds and the kernels' backends, archs and versions, each kept once
+    shared: dict = {}  # the kinds, and the kernels' backends, archs, versions, numbers and envs, each kept once
     unknown = 0
     for n, raw_entry in enumerate(raw_entries):
         if type(raw_entry) is dict:  # the usual case, without per-field helpers
@@ -774,11 +780,14 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str,
             continue
         if not KEY_RE.fullmatch(key):
             raise ArchiveError(f"index: entries[{n}] has an invalid cache key {key!r}", path)
-        if kind != GROUP or name not in good_group_names:
+        known = group_names.get(name) if kind == GROUP else None
+        if known is not None:
+            name = known
+        else:
             if not valid_file_name(name) or (kind == GROUP and not valid_file_name(f"__grp__{name}.json")):
                 raise ArchiveError(f"index: entries[{n}] has an invalid name {name!r}", path)
             if kind == GROUP:
-                good_group_names.add(name)
+                group_names[name] = name
         if (key, kind, name) in seen:
             raise ArchiveError(f"index: duplicate entry {key}/{name}", path)
         seen.add((key, kind, name))
