@@ -151,6 +151,9 @@ class CacheScan:
         return sum(1 for e in self.entries if e.foreign_manifest)
 
 
+_NO_ENV: dict[str, str] = {}  # the env of most kernels, one dict for all (read, never changed): 64 bytes a group
+
+
 def kernel_info(metadata: dict) -> KernelInfo:
     """The fields of Triton's kernel metadata json that identify and describe the kernel."""
     target = metadata.get("target") or {}
@@ -168,6 +171,7 @@ def kernel_info(metadata: dict) -> KernelInfo:
     arch = target.get("arch")
 
     env = {text(k): text(str(metadata[k])) for k in sorted(k for k in metadata if k.isupper() and _ENV_NAME.match(k))}
+    env = env or _NO_ENV
     return KernelInfo(
         backend=text(target.get("backend")),
         arch=text(arch) if isinstance(arch, str) else arch if integer(arch) is not None else None,
