@@ -18,7 +18,7 @@ def test_staged_files_read_back_per_entry():
     entries = [_entry("KEY0", "k", 3), _entry("KEY1", "b", 4), _entry("KEY2", "c", 2)]
     placements = [Placement(e, (0,) * len(e.files), WRITE, tuple(range(len(e.files)))) for e in entries]
     staged = Staged(placements, Destinations("/root", placements, array("i", [0, NOT_STAGED, KEY_DIRECTORY]),
-                                             "/root/.stage"))
+                                             ["/root/.stage"]))
     staged.record(0, 2, "/root/.stage0000/k.2")
     staged.record(0, MANIFEST, "/root/.stage0000/__grp__k.json")
     staged.record(2, 1, "/root/KEY2/tmp.1")
@@ -42,9 +42,19 @@ def test_staged_files_read_back_per_entry():
 def test_manifest_jobs_are_made_as_they_are_read():
     entries = [_entry("KEY0", "a", 2), _entry("KEY1", "b", 3), _entry("KEY2", "c", 1)]
     placements = [Placement(e, (0,) * len(e.files), WRITE, tuple(range(len(e.files)))) for e in entries]
-    where = Destinations("/root", placements, array("i", [0, NOT_STAGED, KEY_DIRECTORY]), "/root/.stage")
+    where = Destinations("/root", placements, array("i", [0, NOT_STAGED, KEY_DIRECTORY]), ["/root/.stage"])
     assert list(where) == [("/root/.stage0000", ("a.0", "a.1")), None, ("/root/KEY2", None)]
     jobs = ManifestJobs([0, 2], placements, where)
     expected = [("/root/.stage0000", "__grp__a.json", 0, entries[0]), ("/root/KEY2", None, 2, entries[2])]
     assert len(jobs) == 2 and list(jobs) == expected and jobs[-1] == expected[-1]
     assert list(jobs[1:]) == expected[1:] and len(jobs[:0]) == 0
+
+
+def test_staging_directories_past_a_tokens_names_are_under_the_next_token():
+    from tritonpack.staging import STAGE_DIRS_A_TOKEN
+
+    entries = [_entry("KEY0", "a", 1), _entry("KEY1", "b", 1)]
+    placements = [Placement(e, (0,), WRITE, (0,)) for e in entries]
+    where = Destinations("/root", placements, array("i", [STAGE_DIRS_A_TOKEN - 1, STAGE_DIRS_A_TOKEN + 3]),
+                         ["/root/tmp.tpack.1.aaaaaaaa", "/root/tmp.tpack.1.bbbbbbbb"])
+    assert [w[0] for w in where] == ["/root/tmp.tpack.1.aaaaaaaaffff", "/root/tmp.tpack.1.bbbbbbbb0003"]

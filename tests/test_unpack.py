@@ -402,19 +402,34 @@ def test_fresh_key_directories_appear_whole_and_existing_ones_are_completed(tmp_
 
 
 @pytest.mark.parametrize("processes", [False, True])
-def test_keys_past_the_staging_names_of_a_run_are_written_in_place(tmp_path, archive, monkeypatch, processes):
-    """One run has 65,536 temp names: past them its staging directories' names would repeat (two keys in one
-    directory: "File exists" at 70,000 keys). A new key directory is then made and written under temp names, as an
-    existing one is. Here past the first: the same files as a plain unpack, nothing else left at the root, and a
-    second run finds all present."""
-    from tritonpack import staging
+def test_keys_past_the_staging_names_of_a_token_are_staged_under_another(tmp_path, archive, monkeypatch, processes):
+    """One run token has 65,536 temp names: past them its staging directories' names would repeat (two keys in one
+    directory: "File exists" at 70,000 keys). The run then takes another token, with a lock of its own. Here one
+    token a staging directory: the same files as a plain unpack, every key staged (no file under a temp name in a
+    key directory), nothing else left at the root, and a second run finds all present."""
+    from tritonpack import staging, tempfiles
 
     plain = tmp_path / "plain"
     tritonpack.unpack(archive, plain)
-    monkeypatch.setattr(staging, "STAGE_DIRS", 1)
+    monkeypatch.setattr(staging, "STAGE_DIRS_A_TOKEN", 1)
+    tokens, in_place = set(), []
+    real_acquire, real_create = tempfiles.RunLock._acquire, tempfiles.RunLock.create
+
+    def acquire(self):
+        real_acquire(self)
+        tokens.add(self.token)
+
+    def create(self, directory):
+        in_place.append(directory)
+        return real_create(self, directory)
+
+    monkeypatch.setattr(tempfiles.RunLock, "_acquire", acquire)
+    monkeypatch.setattr(tempfiles.RunLock, "create", create)
     root = tmp_path / "root"
     result = tritonpack.unpack(archive, root, processes=processes)
-    assert result.written == result.entries and len({p.name for p in root.iterdir()}) > 2
+    keys = {e.key for e in tritonpack.open(archive).entries}
+    assert result.written == result.entries and {p.name for p in root.iterdir()} == keys
+    assert len(tokens) == len(keys) > 2 and not in_place
 
     def contents(where):  # every file's path and bytes, a manifest's paths as if under one root
         return {str(p.relative_to(where)): p.read_bytes().replace(str(where).encode(), b"ROOT")
@@ -424,15 +439,15 @@ def test_keys_past_the_staging_names_of_a_run_are_written_in_place(tmp_path, arc
     assert tritonpack.unpack(archive, root).present == result.entries
 
 
-def test_a_run_names_as_many_staging_directories_as_it_has_distinct_names(tmp_path):
+def test_a_token_names_as_many_staging_directories_as_it_has_distinct_names(tmp_path):
     from tritonpack import staging, tempfiles
 
     lock = tempfiles.RunLock(str(tmp_path))
     try:
-        names = {lock.temp_name() for _ in range(staging.STAGE_DIRS)}
+        names = {lock.temp_name() for _ in range(staging.STAGE_DIRS_A_TOKEN)}
     finally:
         lock.release()
-    assert len(names) == staging.STAGE_DIRS == tempfiles.NAMES_A_RUN
+    assert len(names) == staging.STAGE_DIRS_A_TOKEN == tempfiles.NAMES_A_RUN
 
 
 def test_the_free_space_check_counts_each_manifest_exactly(tmp_path):

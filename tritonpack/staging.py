@@ -56,10 +56,11 @@ if TYPE_CHECKING:
     from .workers import StagingWorkers
 
 WRITERS = 4
-# Staging directories a run may name: theirs are made by the first file staged in each, not created exclusively
-# when named, so their names must not repeat. Past these, the key directory itself is made and written under temp
-# names, as an existing one is (a root of more than 65,536 new keys: 560,000 files of a real cache's kind).
-STAGE_DIRS = NAMES_A_RUN
+# Staging directories named under one run token: theirs are made by the first file staged in each, not created
+# exclusively when named, so their names must not repeat. Past these, a run takes another token, with its own lock
+# (a root of more than 65,536 new keys: 560,000 files of a real cache's kind). Writing such keys in place, under
+# temp names, held a path a file (0.5 KB a file past 560,000 files, at the unpack's peak).
+STAGE_DIRS_A_TOKEN = NAMES_A_RUN
 BATCH_FILES, BATCH_BYTES = 64, 1 << 20
 MAX_PENDING_BATCHES = 16
 MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest
@@ -162,13 +163,13 @@ class Destinations(Sequence):
     ``KEY_DIRECTORY`` or ``NOT_STAGED``. A tuple an entry, and a staging directory's path and a dict slot a key,
     took 0.3 KB a key (7 MB of an unpack's parent for 23,400 groups)."""
 
-    __slots__ = ("_key_prefix", "_placements", "_stage_prefix", "numbers")
+    __slots__ = ("_key_prefix", "_placements", "_stage_prefixes", "numbers")
 
-    def __init__(self, root: str, placements: Sequence[Placement], numbers: array, stage_prefix: str):
-        """``stage_prefix``: a staging directory's path but for its number (``StageWriter.stage_path``)."""
+    def __init__(self, root: str, placements: Sequence[Placement], numbers: array, stage_prefixes: list[str]):
+        """``stage_prefixes``: a staging directory's path but for its number (``StageWriter.stage_prefixes``)."""
         self._key_prefix = os.path.join(root, "")
         self._placements = placements
-        self._stage_prefix = stage_prefix
+        self._stage_prefixes = stage_prefixes
         self.numbers = numbers
 
     def __len__(self) -> int:
@@ -177,7 +178,8 @@ class Destinations(Sequence):
     def __getitem__(self, n: int) -> tuple[str, Sequence[str] | None] | None:
         at = self.numbers[n]
         if at >= 0:
-            return f"{self._stage_prefix}{at:04x}", self._placements[n].entry.file_names
+            token, at = divmod(at, STAGE_DIRS_A_TOKEN)
+            return f"{self._stage_prefixes[token]}{at:04x}", self._placements[n].entry.file_names
         if at == KEY_DIRECTORY:
             return self._key_prefix + self._placements[n].entry.key, None
         return None
@@ -300,6 +302,7 @@ class StageWriter:
         self.lock = RunLock(root)
         self.temps: set[str] = set()
         self.stage_dirs = 0  # staging directories named, by number (``stage_dir``, ``stage_path``)
+        self._stage_locks = [self.lock]  # and one more lock, of another token, for each STAGE_DIRS_A_TOKEN more
         self.created_dirs: list[str] = []
 
     def ensure_dir(self, path: str) -> None:
@@ -315,19 +318,30 @@ class StageWriter:
         self.created_dirs.extend(reversed(missing))
 
     def stage_dir(self) -> int:
-        """The number of a new staging directory at the root (``stage_path``), for a key directory the root lacks;
-        at most ``STAGE_DIRS``. Made by the first file staged in it (``stage_batch``), in a worker where there are
-        some: a mkdir a key is a serial cost here. Its name is this run's own: its token's lock file was created
-        exclusively, and no temp file is made at the root."""
+        """The number of a new staging directory at the root (``stage_path``), for a key directory the root lacks.
+        Made by the first file staged in it (``stage_batch``), in a worker where there are some: a mkdir a key is
+        a serial cost here. Its name is this run's own: its token's lock file was created exclusively, and no
+        temp file is made at the root."""
+        if self.stage_dirs and self.stage_dirs % STAGE_DIRS_A_TOKEN == 0:
+            lock = RunLock(self.root)
+            lock.acquire()
+            self._stage_locks.append(lock)
         self.stage_dirs += 1
         return self.stage_dirs - 1
 
-    def stage_prefix(self) -> str:
-        """A staging directory's path but for its number, in four hex digits."""
-        return os.path.join(self.root, self.lock.prefix())
+    def stage_prefixes(self) -> list[str]:
+        """A staging directory's path but for its number: ``stage_prefixes()[n // STAGE_DIRS_A_TOKEN]``, then
+        ``n % STAGE_DIRS_A_TOKEN`` in four hex digits."""
+        return [os.path.join(self.root, lock.prefix()) for lock in self._stage_locks]
 
     def stage_path(self, number: int) -> str:
-        return f"{self.stage_prefix()}{number:04x}"
+        token, at = divmod(number, STAGE_DIRS_A_TOKEN)
+        return f"{self.stage_prefixes()[token]}{at:04x}"
+
+    def release(self) -> None:
+        """Release the run's locks (the staging directories' too)."""
+        for lock in self._stage_locks:
+            lock.release()
 
     def stage_batch(self, jobs: Sequence[tuple[str, str | None, bytes | memoryview]]) -> list[str]:
         """Write each job's ``data`` to a new file: ``name`` in a staging directory, else a temp name in a key
@@ -397,11 +411,9 @@ class StageWriter:
         """After a failure: remove every temp file left, then the directories this run made, if still empty."""
         for temp in list(self.temps):
             self.discard(temp)
-        if self.stage_dirs:  # those renamed into place, or removed after their entries' commit, are gone
-            prefix = self.stage_prefix()
-            for number in range(self.stage_dirs):
-                remove_stage_dir(f"{prefix}{number:04x}")
-        self.lock.release()
+        for number in range(self.stage_dirs):  # those renamed into place, or removed after their commit, are gone
+            remove_stage_dir(self.stage_path(number))
+        self.release()
         for directory in reversed(self.created_dirs):
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
@@ -518,14 +530,14 @@ def write_staged(
         numbers = array("i", [NOT_STAGED]) * len(placements)  # by placement: where it writes (``Destinations``)
         for key, of_key in groupby(active, key_of):
             key_dir = os.path.join(root, key)
-            if (not fresh and os.path.lexists(key_dir)) or w.stage_dirs >= STAGE_DIRS:
+            if not fresh and os.path.lexists(key_dir):
                 w.ensure_dir(key_dir)
                 at = KEY_DIRECTORY
             else:
                 at = w.stage_dir()
             for n in of_key:
                 numbers[n] = at
-        where = Destinations(root, placements, numbers, w.stage_prefix())
+        where = Destinations(root, placements, numbers, w.stage_prefixes())
         staged = Staged(placements, where)
 
         targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)
@@ -564,7 +576,7 @@ def write_staged(
         w.abandon()
         raise
     finally:
-        w.lock.release()
+        w.release()
 
 
 __all__ = ["write_staged", "check_space"]
