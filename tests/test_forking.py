@@ -37,13 +37,31 @@ def test_a_part_whose_child_fails_or_dies_is_done_here(counted_forks):
     assert len(counted_forks) == 3 and no_child_left()
 
 
-def test_a_fork_or_a_pipe_that_fails_leaves_the_part_here(monkeypatch):
+def test_a_fork_or_a_result_file_that_fails_leaves_the_part_here(monkeypatch):
     monkeypatch.setattr(os, "fork", lambda: (_ for _ in ()).throw(BlockingIOError(11, "out of processes")))
     assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
     monkeypatch.undo()
-    monkeypatch.setattr(os, "pipe", lambda: (_ for _ in ()).throw(OSError(24, "Too many open files")))
+    monkeypatch.setattr(forking.tempfile, "TemporaryFile",
+                        lambda: (_ for _ in ()).throw(OSError(24, "Too many open files")))
     assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
     assert no_child_left()
+
+
+def test_a_child_that_cannot_write_its_result_leaves_the_part_here(counted_forks, monkeypatch):
+    """A result file that fills up (a full temp directory) fails the child: its part is done here."""
+    import pickle
+
+    real_dump = pickle.dump
+
+    def full_disk(obj, file, protocol=None):
+        if os.getpid() != parent:
+            raise OSError(28, "No space left on device")
+        return real_dump(obj, file, protocol=protocol)
+
+    parent = os.getpid()
+    monkeypatch.setattr(pickle, "dump", full_disk)
+    assert forking.forked_map(lambda n: (n, os.getpid() == parent), [0, 1, 2]) == [(0, True), (1, True), (2, True)]
+    assert len(counted_forks) == 2 and no_child_left()
 
 
 def test_an_interrupted_parent_kills_its_children(counted_forks):

@@ -13,9 +13,10 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 Part = TypeVar("Part")
 Result = TypeVar("Result")
@@ -52,13 +53,17 @@ def die_with(parent: int) -> None:
 
 def forked_map(function: Callable[[Part], Result], parts: Sequence[Part]) -> list[Result]:
     """``[function(part) for part in parts]``: the first part in this process while forked children do the
-    others, each sending its result back pickled. A part whose child could not be forked, failed or died is done
-    here instead, so the results are the same whatever happens to the children, only later. An interrupted or
-    failing parent kills the children it forked."""
+    others, each writing its result, pickled, to a temp file of its own and exiting. A part whose child could not
+    be forked, failed or died is done here instead, so the results are the same whatever happens to the children,
+    only later. An interrupted or failing parent kills the children it forked.
+
+    A child that sent its result down a pipe held it, and its pickle, until this process had read the children
+    before it: at the end of a scan of 561,690 files on 16 cores, its children held 200 MB (summed PSS). Written
+    to a file, a result waits in the page cache, and is read back a piece at a time."""
     if not parts:
         return []
     parent = os.getpid()
-    children: list[tuple[int, int] | None] = []  # (pid, read end of its pipe) of each part after the first
+    children: list[tuple[int, BinaryIO] | None] = []  # (pid, result file) of each part after the first
     try:
         for part in parts[1:]:
             children.append(_fork(function, part, parent))
@@ -76,52 +81,43 @@ def forked_map(function: Callable[[Part], Result], parts: Sequence[Part]) -> lis
                 _collect(child)
 
 
-def _fork(function: Callable, part, parent: int) -> tuple[int, int] | None:
+def _fork(function: Callable, part, parent: int) -> tuple[int, BinaryIO] | None:
     try:
-        read, write = os.pipe()
-    except OSError:  # out of file descriptors: this part is done here
+        spill = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _collect, once the child is reaped)
+    except OSError:  # out of file descriptors, or no temp directory to write: this part is done here
         return None
     try:
         pid = os.fork()
     except OSError:  # out of processes (a pids limit)
-        os.close(read)
-        os.close(write)
+        spill.close()
         return None
     if pid:
-        os.close(write)
-        return pid, read
+        return pid, spill
     code = 1
     try:
-        os.close(read)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this child if it must
         die_with(parent)
-        data = memoryview(pickle.dumps((function(part),), protocol=pickle.HIGHEST_PROTOCOL))
-        while data:
-            data = data[os.write(write, data):]
+        pickle.dump((function(part),), spill, protocol=pickle.HIGHEST_PROTOCOL)
+        spill.flush()
         code = 0
     finally:  # never back into the parent's code, nor its exit handlers
         os._exit(code)
 
 
-def _collect(child: tuple[int, int]) -> tuple | None:
-    """The child's result (in a 1-tuple), or None if it failed; either way the child is reaped and its pipe
-    closed (a child still writing gets a broken pipe and ends)."""
-    pid, read = child
-    chunks = []
+def _collect(child: tuple[int, BinaryIO]) -> tuple | None:
+    """The child's result (in a 1-tuple), or None if it failed; either way the child is reaped and its file
+    closed."""
+    pid, spill = child
     try:
-        while chunk := os.read(read, 1 << 20):
-            chunks.append(chunk)
-    except OSError:
-        chunks = []
-    finally:
-        os.close(read)
         _, status = os.waitpid(pid, 0)
-    if not chunks or not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+            return None
+        spill.seek(0)
+        return pickle.load(spill)
+    except Exception:  # not what a child that exits 0 writes (a full disk): its part is done here all the same
         return None
-    try:
-        return pickle.loads(b"".join(chunks))
-    except Exception:  # not what a child that exits 0 writes; its part is done here all the same
-        return None
+    finally:
+        spill.close()
 
 
 def send_message(fd: int, message) -> None:
