@@ -347,6 +347,9 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
                         ("tmp", "tmp.tpack.1.000000000000"), ("empty", ""), ("bin", b"x")]:
         add(f"file-name-{label}", lambda name=name: C(doc_hook=_file_name(name)).build())
     add("entry-duplicate", lambda: C(entries=[group(KEY, "add_kernel")] * 2).build())
+    # past an entry out of key order (KEY2 sorts before KEY), each entry is checked against all the others
+    add("entry-duplicate-out-of-order", lambda: C(entries=[group(KEY, "add_kernel"), group(KEY2, "add_kernel"),
+                                                           group(KEY, "add_kernel")]).build())
     add("entry-files-empty", lambda: C(doc_hook=_set("entries.0.files", [])).build())
     add("entry-file-not-pair", lambda: C(doc_hook=_set("entries.0.files.0", ["a.json"])).build())
     add("entry-file-twice", lambda: C(doc_hook=lambda d: d["entries"][0]["files"].append(
@@ -360,6 +363,9 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
     add("autotune-name-differs", lambda: C(entries=[autotune(KEY, "f")], doc_hook=_set("entries.0.name", "g")).build())
     add("paths-claimed-twice", lambda: C(entries=[group(KEY, "a", {"a.json": b"1", "b.json": b"2"}),
                                                   group(KEY, "b", {"b.json": b"2"})]).build())
+    add("paths-claimed-twice-out-of-order", lambda: C(entries=[group(KEY, "a", {"a.json": b"1", "b.json": b"2"}),
+                                                               group(KEY2, "a"), group(KEY, "b", {"b.json": b"2"})]
+                                                      ).build())
     add("file-entry-claims-manifest", lambda: C(entries=[group(KEY, "a"), {
         "kind": "file", "key": KEY, "name": "__grp__a.json", "files": {"__grp__a.json": b"{}"},
         "meta": {"role": "other"}}]).build())

@@ -298,3 +298,27 @@ def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
             except tritonpack.ArchiveError as e:
                 outcomes.append(str(e))
     assert outcomes[0] == outcomes[1] == outcomes[2] == outcomes[3]
+
+
+def _raw_index(data: bytes) -> bytes:
+    offset, length, size = struct.unpack_from("<QQQ", data, len(data) - 64)
+    return zstandard.ZstdDecompressor().decompress(data[offset:offset + length], max_output_size=size)
+
+
+def test_entries_out_of_key_order_are_each_checked_against_all_the_others():
+    """In key order an entry is checked against the others of its key only; past one out of order, against all:
+    the reader with the entries it kept, the writer's check (which keeps none) by reading the index again. Both
+    find a duplicate, or a file claimed twice, that the entry out of order stands between."""
+    from tritonpack.archive.index import check_index, decode_index
+
+    for name, message in (("entry-duplicate-out-of-order", f"index: duplicate entry {KEY}/add_kernel"),
+                          ("paths-claimed-twice-out-of-order", f"index: {KEY}/b.json is claimed by two entries")):
+        raw = _raw_index(CASES[name][0]())
+        for decode in (decode_index, lambda raw, *args: check_index([raw], *args)):
+            with pytest.raises(tritonpack.ArchiveError) as caught:
+                decode(raw, "a.tpack", (1, 0))
+            assert str(caught.value).endswith(message), name
+    raw = _raw_index(Crafted(entries=[group(KEY, "a"), group(KEY2, "b"), group(KEY, "c"), autotune(KEY2, "f")]).build())
+    assert [(e.key, e.name) for e in decode_index(raw, "a.tpack", (1, 0)).entries] == \
+        [(KEY, "a"), (KEY2, "b"), (KEY, "c"), (KEY2, "f.autotune.json")]
+    check_index([raw], "a.tpack", (1, 0))

@@ -99,7 +99,7 @@ class Staged:
     def __init__(self, placements: Sequence[Placement], where: Destinations):
         """``where``: by placement, where each entry to stage writes (``write_staged``)."""
         self._where = where
-        self._starts = array("Q", accumulate((len(p.entry.files) + 1 if at != NOT_STAGED else 0
+        self._starts = array("I", accumulate((len(p.entry.files) + 1 if at != NOT_STAGED else 0
                                               for p, at in zip(placements, where.numbers, strict=True)), initial=0))
         self._done = bytearray(self._starts[-1])
         self._temps: dict[int, str] = {}
@@ -268,7 +268,7 @@ class ManifestJobs(Sequence):
 
     __slots__ = ("_numbers", "_placements", "_where")
 
-    def __init__(self, numbers: list[int], placements: Sequence[Placement], where: Destinations):
+    def __init__(self, numbers: Sequence[int], placements: Sequence[Placement], where: Destinations):
         self._numbers = numbers  # the entries, by placement
         self._placements = placements
         self._where = where
@@ -512,10 +512,11 @@ def write_staged(
     fresh = holds_nothing(root)  # then nothing to clean up, and no key directory there yet
     if not fresh:
         clean_stale(root, sorted({p.entry.key for p in placements}))
-    active = [n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)]
+    # Entry numbers in arrays (an int and a list slot an entry took 36 bytes)
+    active = array("I", (n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)))
     if not active:
         return Written(0, 0, tuple(placements))
-    manifests = [n for n in active if placements[n].writes_manifest]
+    manifests = array("I", (n for n in active if placements[n].writes_manifest))
     check_space(root, [placements[n] for n in active], [manifest_size(root, placements[n].entry) for n in manifests])
     w = StageWriter(root)
     try:
@@ -524,7 +525,7 @@ def write_staged(
         def key_of(n: int) -> str:
             return placements[n].entry.key
 
-        active.sort(key=key_of)
+        active = array("I", sorted(active, key=key_of))
         w.ensure_dir(root)  # recorded if this run makes it: removed again if the run fails
         w.lock.acquire()
         numbers = array("i", [NOT_STAGED]) * len(placements)  # by placement: where it writes (``Destinations``)
