@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from .errors import UsageError
-from .safetext import printable, printable_lines
+from .safetext import printable
 from .selection import Selection, parse_since
 
 Progress = Callable[[int, int], None]
 
 
 class Output(NamedTuple):
-    out: str | None = None  # standard output, one write
+    out: str | Iterable[str] | None = None  # standard output: one write, or lines written as they are made
     err: tuple[str, ...] = ()  # notes for people, on standard error before it
     code: int = 0
 
@@ -23,7 +23,9 @@ def show(output: Output) -> int:
     for line in output.err:
         print_error(line)
     if output.out is not None:
-        sys.stdout.write(output.out + "\n")
+        write = sys.stdout.write
+        for line in (output.out,) if isinstance(output.out, str) else output.out:
+            write(line + "\n")
         sys.stdout.flush()
     return output.code
 
@@ -66,7 +68,7 @@ def since_time(text: str | None) -> float | None:
 
 def list_output(archive: str, as_json: bool = False, quiet: bool = False) -> Output:
     from . import api
-    from .listing import entry_to_dict, info_to_dict, render_table
+    from .listing import entry_to_dict, info_to_dict, table_lines
 
     with api.open(archive) as reader:
         if quiet:
@@ -74,20 +76,20 @@ def list_output(archive: str, as_json: bool = False, quiet: bool = False) -> Out
         if as_json:
             return Output(to_json({"archive": archive, **info_to_dict(reader.info, reader.digest),
                                    "entries": [entry_to_dict(e) for e in reader.entries]}))
-        return Output(printable_lines(render_table(reader.info, reader.entries, archive)))
+        return Output(map(printable, table_lines(reader.info, reader.entries, archive)))
 
 
 def check_output(archive: str, target: list[str] | None = None, as_json: bool = False,
                  quiet: bool = False) -> Output:
     """Exit status: 0 all entries usable, 6 some are not, 5 none is."""
     from . import api
-    from .listing import check_to_dict, render_check
+    from .listing import check_lines, check_to_dict
 
     report = api.check(archive, targets=target or None)
     code = 5 if report.verdicts and not report.usable else 6 if report.unusable else 0
     if as_json:
         return Output(to_json(check_to_dict(report, archive)), code=code)
-    return Output(None if quiet else printable_lines(render_check(report, archive)), code=code)
+    return Output(None if quiet else map(printable, check_lines(report, archive)), code=code)
 
 
 def pack_output(cache_dir: str | None = None, output: str = "kernels.tpack", level: int | None = None,

@@ -24,9 +24,4 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
-def printable_lines(text: str) -> str:
-    """Each line of ``text`` made printable; the line breaks themselves are kept."""
-    return "\n".join(printable(line) for line in text.split("\n"))
-
-
-__all__ = ["printable", "printable_lines", "unsafe"]
+__all__ = ["printable", "unsafe"]
