@@ -31,7 +31,7 @@ class Placement(NamedTuple):
     """What unpacking will do with one entry, and which of its files must be written."""
 
     entry: Entry  # as selected: a binary-only unpack holds fewer files than the archive's entry
-    blobs: tuple[int, ...]  # the archive's blob for each of entry.files
+    blobs: Sequence[int] | None  # the archive's blob for each of entry.files; None: they know theirs (``blobs_of``)
     action: str
     files: tuple[int, ...] = ()  # indices into entry.files to write
     manifest_seen: bool = False  # a group's manifest existed when this was planned (only then may it be hidden)
@@ -47,6 +47,11 @@ class Placement(NamedTuple):
     @property
     def writes_manifest(self) -> bool:
         return self.entry.kind == GROUP and self.action in (WRITE, REPLACE, RELINK)
+
+
+def blobs_of(p: Placement) -> Sequence[int]:
+    """The archive's blob for each of the placement's ``entry.files``."""
+    return p.blobs if p.blobs is not None else p.entry.files.blobs
 
 
 def manifest_bytes(root: str, entry: Entry) -> bytes:
@@ -118,7 +123,7 @@ def every_file(count: int) -> tuple[int, ...]:
     return tuple(range(count))
 
 
-def place(root: str, entry: Entry, blobs: tuple[int, ...], overwrite: bool, fresh: bool = False) -> Placement:
+def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
     another writer is still found."""

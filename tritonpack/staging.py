@@ -39,6 +39,7 @@ from .cachedest import (
     WRITE,
     Placement,
     Written,
+    blobs_of,
     holds_nothing,
     manifest_bytes,
     manifest_size,
@@ -210,7 +211,7 @@ class Targets:
         active = sorted(active)
         for n in active:
             p = placements[n]
-            blobs = p.blobs
+            blobs = blobs_of(p)
             for i in p.files:
                 starts[rank[blobs[i]] + 1] += 1
         for k in range(1, len(starts)):
@@ -219,7 +220,7 @@ class Targets:
         self.blobs, self.entries, self.files = (array("I", bytes(4 * starts[-1])) for _ in range(3))
         for n in active:  # same blob: by entry, then file
             p = placements[n]
-            blobs = p.blobs
+            blobs = blobs_of(p)
             for i in p.files:
                 blob = blobs[i]
                 k = rank[blob]

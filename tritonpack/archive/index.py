@@ -179,6 +179,11 @@ class StoredFiles(LazyFiles):
         return array("Q", map(self._table.sizes.__getitem__, self._blobs[self._number]))
 
     @property
+    def blobs(self) -> array:
+        """The blob of each file, made as it is read (an unpack's plan holds entries, not these)."""
+        return self._blobs[self._number]
+
+    @property
     def total_size(self) -> int:
         return sum(map(self._table.sizes.__getitem__, self._blobs[self._number]))
 
