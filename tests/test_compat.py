@@ -194,3 +194,20 @@ def test_gpu_probe_runs_beside_the_index_read_and_is_stopped_if_never_read(tmp_p
     with pytest.raises(tritonpack.TpackError):
         tritonpack.check(tmp_path / "bad.tpack")  # the archive fails before the answer is read
     assert len(seen) == 1 and seen[0].returncode is not None  # its probe was started, then stopped and reaped
+
+
+def test_verdicts_read_as_the_list_of_each_entrys_verdict():
+    """Verdicts are made as they are read, from the entries and the mismatches of those that have some."""
+    from tritonpack.compat import TRITON, Mismatch, Verdict, Verdicts
+    from tritonpack.model import GROUP, Entry, StoredFile
+
+    entries = tuple(Entry(GROUP, "K" * 52, f"k{n}", (StoredFile(f"k{n}.json", 1, bytes(32)),)) for n in range(4))
+    bad = (Mismatch(TRITON, "3.3.1", "3.9.0"),)
+    verdicts = Verdicts(entries, {1: bad, 3: bad})
+    expected = [Verdict(entries[0]), Verdict(entries[1], bad), Verdict(entries[2]), Verdict(entries[3], bad)]
+    assert list(verdicts) == expected and len(verdicts) == 4
+    assert verdicts[-1] == expected[-1] and verdicts[1:3] == expected[1:3]
+    assert verdicts.unusable() == [expected[1], expected[3]] and verdicts.unusable_count == 2
+    assert [verdicts.usable(n) for n in range(4)] == [True, False, True, False]
+    with pytest.raises(IndexError):
+        verdicts[4]

@@ -204,13 +204,14 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     selected = array("I", (n for n, e in enumerate(every) if selection.wants(e)))
     entries = tuple(map(every.__getitem__, selected))
     report = check_entries(entries, reader.info, environment(entries, targets, gpus))
-    if entries and not report.usable and not force:
+    if entries and not report.usable_count and not force:
         reason = report.reasons()[0][0]
         raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
                                 "--force writes them anyway", reader.path)
     if force:
         return selected, report
-    return array("I", (n for n, v in zip(selected, report.verdicts, strict=True) if v.usable)), report
+    usable = report.verdicts.usable
+    return array("I", (n for k, n in enumerate(selected) if usable(k))), report
 
 
 def _resolve_root(cache_dir) -> str:
@@ -253,7 +254,7 @@ def unpack(
             ArchiveReader(open_source(archive), on_blocks=launcher,
                           on_blobs=launcher.on_blobs if launcher else None) as reader:
         chosen, report = preflight(reader, targets, selection, force, gpus)
-        entries = tuple(v.entry for v in report.verdicts)
+        entries = report.verdicts.entries
         try:
             fresh = holds_nothing(root)
             every = reader.entries

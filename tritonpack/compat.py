@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .fingerprint import LocalTriton
@@ -54,8 +55,39 @@ class Environment(NamedTuple):
     platform: str
 
 
+class Verdicts(Sequence):
+    """Each entry's verdict, made as it is read from the entries and the mismatches of those that have some (a
+    verdict an entry took 64 bytes of an unpack's plan)."""
+
+    __slots__ = ("_mismatches", "entries")
+
+    def __init__(self, entries: Sequence[Entry], mismatches: dict[int, tuple[Mismatch, ...]]):
+        self.entries = entries
+        self._mismatches = mismatches  # by entry number, for the entries that have some
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # an IndexError past the end
+        return Verdict(self.entries[i], self._mismatches.get(i, ()))
+
+    def usable(self, i: int) -> bool:
+        """Whether entry ``i`` has no mismatch."""
+        return i not in self._mismatches
+
+    @property
+    def unusable_count(self) -> int:
+        return len(self._mismatches)
+
+    def unusable(self) -> list[Verdict]:
+        return [Verdict(self.entries[i], m) for i, m in sorted(self._mismatches.items())]
+
+
 class CheckReport(NamedTuple):
-    verdicts: list[Verdict]
+    verdicts: Verdicts
     unchecked: list[str]  # factors that could not be checked here, each said once
     environment: Environment
 
@@ -65,7 +97,11 @@ class CheckReport(NamedTuple):
 
     @property
     def unusable(self) -> list[Verdict]:
-        return [v for v in self.verdicts if not v.usable]
+        return self.verdicts.unusable()
+
+    @property
+    def usable_count(self) -> int:
+        return len(self.verdicts) - self.verdicts.unusable_count
 
     def reasons(self) -> list[tuple[str, int]]:
         """Each distinct mismatch with the number of entries it affects, most common first."""
@@ -73,7 +109,7 @@ class CheckReport(NamedTuple):
         return counts.most_common()
 
     def summary(self) -> str:
-        n, ok = len(self.verdicts), len(self.usable)
+        n, ok = len(self.verdicts), self.usable_count
         if ok == n:
             return f"all {n} entries will be used here"
         return f"{ok} of {n} entries will be used here; {n - ok} will not"
@@ -164,8 +200,8 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
         unchecked.append("no GPU visible: target arch not checked (use --target to name the GPUs)")
     if any(e.kind == AUTOTUNE for e in entries):
         unchecked.append("autotune results record no target or env vars: only their Triton build was checked")
-    verdicts = []
-    for entry in entries:
+    mismatches = {}
+    for n, entry in enumerate(entries):
         found: list[Mismatch] = []
         if entry.kind == FILE:
             found += _check_stub(entry, env)
@@ -178,5 +214,6 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
                     found += _check_env(entry, env.triton)
             if entry.kind == GROUP:
                 found += _check_target(entry, env)
-        verdicts.append(Verdict(entry, tuple(found)))
-    return CheckReport(verdicts, unchecked, env)
+        if found:
+            mismatches[n] = tuple(found)
+    return CheckReport(Verdicts(entries, mismatches), unchecked, env)

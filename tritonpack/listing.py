@@ -145,7 +145,7 @@ def check_to_dict(report: CheckReport, archive: str) -> dict:
     env = report.environment
     return {
         "archive": archive,
-        "usable": len(report.usable),
+        "usable": report.usable_count,
         "unusable": len(report.unusable),
         "unchecked": report.unchecked,
         "here": {
