@@ -288,9 +288,9 @@ def test_workers_only_where_a_fork_is_safe_and_memory_allows(archive, monkeypatc
     blocks = [SimpleNamespace(size=32 << 20)] * 64
     monkeypatch.setattr(workers, "cores", lambda: 16)
     assert workers.worker_count(small_index, blocks) == 4  # IN_FLIGHT's share
-    assert workers.worker_count(SimpleNamespace(local=True, index_size=6 << 20), blocks) == 3
-    assert workers.worker_count(SimpleNamespace(local=True, index_size=18 << 20), blocks) == 2
-    assert workers.worker_count(SimpleNamespace(local=True, index_size=30 << 20), blocks) == 1
+    assert workers.worker_count(SimpleNamespace(local=True, index_size=10 << 20), blocks) == 3
+    assert workers.worker_count(SimpleNamespace(local=True, index_size=30 << 20), blocks) == 2
+    assert workers.worker_count(SimpleNamespace(local=True, index_size=60 << 20), blocks) == 1
 
 
 def _gone(pid: int) -> bool:

@@ -59,13 +59,13 @@ Record = Callable[[int, int, int, str | None], None]  # entry, file (or staging.
 
 
 # What the processes of an unpack may hold together (summed PSS): the performance goal's 256 MB, less a margin. The
-# parent holds the index and the plan: about 20 MB and 4.5 times the index's msgpack bytes on the 16-core H200 host
-# since 6b91496 (22 MB for the real cache's 0.6 MB index, 51 MB for ten copies of it, 6.0 MB, 62,410 files, 97 MB
-# for thirty, 18.4 MB, 171-175 MB for sixty; it took ten times before); a worker its map of the largest block and
+# parent holds the index and the plan: about 20 MB and at most 3 times the index's msgpack bytes since 0dcdf11-ff48b31
+# (1.5 times at 1,060,970 files on the 16-core H200 host, 203 MB for a 119 MB index; 2 times at 163,830 files on the
+# 2-core VM, 60 MB for 18.4 MB; 4.5 times from 6b91496, ten times before); a worker its map of the largest block and
 # about 15 MB of its own (42-52 MB a worker for 32 MiB blocks there; one worker alone beside the parent, 57-75 MB:
 # the pages it shares are counted between two processes).
 MEMORY = 240 << 20
-PARENT_BASE, PARENT_PER_INDEX_BYTE, WORKER_BASE = 24 << 20, 5, 16 << 20
+PARENT_BASE, PARENT_PER_INDEX_BYTE, WORKER_BASE = 24 << 20, 3, 16 << 20
 
 
 def worker_count(reader, blocks: list[Block]) -> int:
