@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from .fingerprint import LocalTriton
@@ -73,6 +73,10 @@ class Verdicts(Sequence):
             return [self[k] for k in range(*i.indices(len(self)))]
         i = range(len(self))[i]  # an IndexError past the end
         return Verdict(self.entries[i], self._mismatches.get(i, ()))
+
+    def __iter__(self) -> Iterator[Verdict]:
+        mismatches = self._mismatches
+        return (Verdict(e, mismatches.get(i, ())) for i, e in enumerate(self.entries))
 
     def usable(self, i: int) -> bool:
         """Whether entry ``i`` has no mismatch."""
