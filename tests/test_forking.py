@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 
@@ -41,8 +42,7 @@ def test_a_fork_or_a_result_file_that_fails_leaves_the_part_here(monkeypatch):
     monkeypatch.setattr(os, "fork", lambda: (_ for _ in ()).throw(BlockingIOError(11, "out of processes")))
     assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
     monkeypatch.undo()
-    monkeypatch.setattr(forking.tempfile, "TemporaryFile",
-                        lambda: (_ for _ in ()).throw(OSError(24, "Too many open files")))
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda: (_ for _ in ()).throw(OSError(24, "Too many open files")))
     assert forking.forked_map(lambda n: n + 1, [0, 1, 2]) == [1, 2, 3]
     assert no_child_left()
 

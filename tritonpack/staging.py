@@ -304,6 +304,7 @@ class StageWriter:
         self.temps: set[str] = set()
         self.stage_dirs = 0  # staging directories named, by number (``stage_dir``, ``stage_path``)
         self._stage_locks = [self.lock]  # and one more lock, of another token, for each STAGE_DIRS_A_TOKEN more
+        self._stage_prefixes: list[str] = []  # a token's staging directories' path but for their number
         self.created_dirs: list[str] = []
 
     def ensure_dir(self, path: str) -> None:
@@ -323,21 +324,21 @@ class StageWriter:
         Made by the first file staged in it (``stage_batch``), in a worker where there are some: a mkdir a key is
         a serial cost here. Its name is this run's own: its token's lock file was created exclusively, and no
         temp file is made at the root."""
-        if self.stage_dirs and self.stage_dirs % STAGE_DIRS_A_TOKEN == 0:
-            lock = RunLock(self.root)
-            lock.acquire()
-            self._stage_locks.append(lock)
+        if self.stage_dirs % STAGE_DIRS_A_TOKEN == 0:
+            if self.stage_dirs:
+                self._stage_locks.append(RunLock(self.root))
+            self._stage_prefixes.append(os.path.join(self.root, self._stage_locks[-1].prefix()))  # acquires it
         self.stage_dirs += 1
         return self.stage_dirs - 1
 
     def stage_prefixes(self) -> list[str]:
         """A staging directory's path but for its number: ``stage_prefixes()[n // STAGE_DIRS_A_TOKEN]``, then
         ``n % STAGE_DIRS_A_TOKEN`` in four hex digits."""
-        return [os.path.join(self.root, lock.prefix()) for lock in self._stage_locks]
+        return self._stage_prefixes
 
     def stage_path(self, number: int) -> str:
         token, at = divmod(number, STAGE_DIRS_A_TOKEN)
-        return f"{self.stage_prefixes()[token]}{at:04x}"
+        return f"{self._stage_prefixes[token]}{at:04x}"
 
     def release(self) -> None:
         """Release the run's locks (the staging directories' too)."""

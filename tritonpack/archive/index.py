@@ -266,7 +266,6 @@ class IndexEncoding:
         packer.pack("blocks")
         self.head = packer.bytes()
         packer.reset()
-        self._spill = spill
         start = spill.tell()
         # The arrays element by element, as one packb of them would write them, the buffer emptied into the spill
         # every so many elements: a document of all the entries at once took as much memory again as the index.
@@ -761,7 +760,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool
 
     Two entries must never be one, nor write one file. In a writer's order, a key's entries side by side, each is
     checked against the others of its key only, and what the checks hold is let go at the next key: checked
-    against all the entries before, they held 0.42 KB an entry (23 MB for 748,920 files at the end of a pack).
+    against all the entries before, they held 0.42 KB an entry (10 MB for 163,830 files, traced).
     Past an entry out of order, each is checked against all the others: those kept so far, or (``_OutOfOrder``:
     none kept) those of the index decoded again with ``in_order`` False."""
     entries: list[Entry] = []
