@@ -286,7 +286,7 @@ def test_the_writers_check_refuses_what_the_reader_refuses(name, monkeypatch):
     with tempfile.TemporaryFile() as spill:  # the middle of the index read from a file, as a writer spills it
         spill.write(b"x" * 5 + raw[len(raw) // 3:len(raw) // 2])
         spill.flush()
-        spilled = [raw[:len(raw) // 3], FileSpan(spill.fileno(), 5, len(raw) // 2 - len(raw) // 3),
+        spilled = [raw[:len(raw) // 3], FileSpan(spill, 5, len(raw) // 2 - len(raw) // 3),
                    raw[len(raw) // 2:]]
         decodes = [lambda: decode_index(raw, "a.tpack", (1, 1)), lambda: check_index([raw], "a.tpack", (1, 1)),
                    lambda: check_index(parts, "a.tpack", (1, 1)), lambda: check_index(spilled, "a.tpack", (1, 1))]

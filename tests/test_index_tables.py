@@ -2,6 +2,10 @@
 files); the writer's finds each content once."""
 from __future__ import annotations
 
+import errno
+import tempfile
+from pathlib import Path
+
 import pytest
 
 import tritonpack
@@ -74,12 +78,84 @@ def test_the_writers_blob_table_finds_each_content_once():
 def test_what_groups_share_is_decoded_once():
     """A kernel's configurations share its name, most groups an empty env and a few shared-memory sizes: the
     decoded index holds one object of each (the real cache: 780 groups, 23 names)."""
-    from pathlib import Path
-
-    fixture = Path(__file__).parent.parent / "fixtures" / "torch-max-autotune-h200-triton36.tpack"
-    with tritonpack.open(fixture) as reader:
+    with tritonpack.open(FIXTURE) as reader:
         groups = [e for e in reader.entries if e.kind == "group"]
     assert len(groups) == 780
     assert len({id(e.name) for e in groups}) == len({e.name for e in groups}) == 23
     assert len({id(e.kernel.env) for e in groups}) == 1 and groups[0].kernel.env == {}
     assert len({id(e.kernel.shared) for e in groups}) == len({e.kernel.shared for e in groups})
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "torch-max-autotune-h200-triton36.tpack"
+
+
+def _decoded():
+    with tritonpack.open(FIXTURE) as reader:
+        return reader.index
+
+
+def _spill_past_the_first_digest(monkeypatch):
+    """Readers that hold no digests past the first: the rest go to a temp file, two at a time."""
+    from tritonpack.archive import index
+
+    monkeypatch.setattr(index, "HELD_DIGESTS", 1)
+    monkeypatch.setattr(index, "_DIGESTS_A_WRITE", 64)
+
+
+def test_a_large_indexs_digests_are_read_from_a_temp_file(tmp_path, monkeypatch):
+    """Past ``HELD_DIGESTS`` blobs a reader writes their digests to a temp file and reads them from there: the same
+    table, files and unpack."""
+    from tritonpack.archive.index import FileSpan
+
+    held = _decoded()
+    plain = tmp_path / "plain"
+    tritonpack.unpack(FIXTURE, plain, force=True)
+    _spill_past_the_first_digest(monkeypatch)
+    spilled = _decoded()
+    assert isinstance(spilled.blobs.digests, FileSpan) and isinstance(held.blobs.digests, bytes)
+    assert spilled.blobs == held.blobs and list(spilled.blobs) == list(held.blobs)
+    assert [tuple(e.files) for e in spilled.entries] == [tuple(e.files) for e in held.entries]
+    for processes in (False, True):
+        root = tmp_path / f"root-{processes}"
+        result = tritonpack.unpack(FIXTURE, root, force=True, processes=processes)
+        assert result.written == result.entries
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == \
+            sorted(p.relative_to(plain).as_posix() for p in plain.rglob("*") if p.is_file())
+        assert tritonpack.unpack(FIXTURE, root, force=True).present == result.entries
+
+
+class _Filling:
+    """A temp file that takes 1,000 bytes, then part of a write, then no more: a temp directory filling up."""
+
+    def __init__(self, file):
+        self.file, self.taken = file, 0
+
+    def write(self, data):
+        if self.taken >= 1000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = self.file.write(data[:min(len(data), 1007 - self.taken)])
+        self.taken += n
+        return n
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def close(self):
+        self.file.close()
+
+
+@pytest.mark.parametrize("failing", ["no temp file", "a temp directory filling up"])
+def test_digests_stay_held_where_no_temp_file_takes_them(monkeypatch, failing):
+    """A missing, read-only or full temp directory: the digests are held, those written already read back."""
+    held = _decoded().blobs
+    _spill_past_the_first_digest(monkeypatch)
+    real = tempfile.TemporaryFile
+
+    def made(*args, **kwargs):
+        if failing == "no temp file":
+            raise OSError(errno.EROFS, "Read-only file system")
+        return _Filling(real(*args, **kwargs))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", made)
+    blobs = _decoded().blobs
+    assert isinstance(blobs.digests, bytes) and blobs == held

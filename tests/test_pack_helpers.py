@@ -177,7 +177,7 @@ def test_a_file_span_reads_as_its_bytes(tmp_path):
     with open(tmp_path / "spill", "w+b") as f:
         f.write(b"head" + data)
         f.flush()
-        span = FileSpan(f.fileno(), 4, len(data))
+        span = FileSpan(f, 4, len(data))
         assert len(span) == len(data)
         assert [span[k] for k in (0, 1, 255, len(data) - 1)] == [data[k] for k in (0, 1, 255, len(data) - 1)]
         for a, b in ((0, 0), (0, 10), (5, 700), (700, 10_000), (-3, None), (None, None)):

@@ -15,7 +15,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, repeat
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import msgpack
 
@@ -47,6 +47,8 @@ KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 _READ_SIZE = 1 << 16  # bytes msgpack reads at a time from an index
 _SPILL_BLOBS, _SPILL_ENTRIES = 8192, 2048  # elements packed between two writes of an encoding to its spill
 _CHUNK = 1 << 20  # bytes of a spilled index read at a time
+# Digests a reader holds, beyond which the rest go to a temp file (1 MiB of them); written 64 KiB at a time
+HELD_DIGESTS, _DIGESTS_A_WRITE = 1 << 15, 1 << 16
 
 
 class Block(NamedTuple):
@@ -76,7 +78,7 @@ class BlobRef(NamedTuple):
 class BlobTable:
     """The blobs, in arrays and one run of digests; an item is a ``BlobRef``, made as it is read. A ``BlobRef``, its
     offset's int and its digest's bytes a blob took 0.15 KB more, for the hundreds of thousands of blobs of a large
-    cache."""
+    cache. The digests are bytes, or (``FileSpan``) a temp file's where a reader decoded many."""
 
     __slots__ = ("blocks", "digests", "offsets", "sizes")
 
@@ -85,7 +87,7 @@ class BlobTable:
         self.blocks = array("I")
         self.offsets = array("I")
         self.sizes = array("I")
-        self.digests = b""  # 32 bytes a blob
+        self.digests: bytes | bytearray | FileSpan = b""  # 32 bytes a blob
 
     def digest(self, n: int) -> bytes:
         return self.digests[32 * n:32 * n + 32]
@@ -98,17 +100,25 @@ class BlobTable:
             n += len(self.blocks)
         return BlobRef(self.blocks[n], self.offsets[n], self.sizes[n], self.digest(n))  # an IndexError past the end
 
+    def digest_run(self, first: int, end: int) -> bytes:
+        """The digests of blobs ``first`` to ``end`` (excluded), one after the other: one read of a temp file's."""
+        return bytes(self.digests[32 * first:32 * end])
+
     def __iter__(self) -> Iterator[BlobRef]:
-        digests = self.digests  # bytes; a writer's grows a bytearray, whose slices become bytes here
-        return map(_new_tuple, repeat(BlobRef), zip(self.blocks, self.offsets, self.sizes,
-                                                    (bytes(digests[k:k + 32]) for k in range(0, len(digests), 32)),
+        return map(_new_tuple, repeat(BlobRef), zip(self.blocks, self.offsets, self.sizes, self._each_digest(),
                                                     strict=True))
+
+    def _each_digest(self) -> Iterator[bytes]:
+        step = 1 << 12  # blobs a read: a writer's grows a bytearray, a reader's may be a temp file's
+        for first in range(0, len(self.digests) // 32, step):
+            run = self.digest_run(first, first + step)
+            yield from (run[k:k + 32] for k in range(0, len(run), 32))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BlobTable):
             return NotImplemented
-        return (self.blocks, self.offsets, self.sizes, self.digests) == \
-            (other.blocks, other.offsets, other.sizes, other.digests)
+        return (self.blocks, self.offsets, self.sizes, self.digest_run(0, len(self))) == \
+            (other.blocks, other.offsets, other.sizes, other.digest_run(0, len(other)))
 
 
 class FileBlobs:
@@ -287,7 +297,7 @@ class IndexEncoding:
                 packer.reset()
         spill.write(packer.bytes())
         spill.flush()
-        self._tail = FileSpan(spill.fileno(), start, spill.tell() - start)
+        self._tail = FileSpan(spill, start, spill.tell() - start)
 
     def parts(self, table: bytes) -> list:
         """The index with this block table (msgpack, ``block_table``), as consecutive parts: for ``check_index``,
@@ -308,10 +318,11 @@ class IndexEncoding:
 
 class FileSpan:
     """``length`` bytes of an open file from ``start``, read as a bytes object is (an item, a slice) with
-    ``pread``: an index spilled to a temp file, read in parts where it was held."""
+    ``pread``: what was spilled to a temp file (an index being written, a large index's digests), read where it
+    was held. The file stays open while the span is used."""
 
-    def __init__(self, fd: int, start: int, length: int):
-        self._fd, self._start, self._length = fd, start, length
+    def __init__(self, file: BinaryIO, start: int, length: int):
+        self._file, self._fd, self._start, self._length = file, file.fileno(), start, length
 
     def __len__(self) -> int:
         return self._length
@@ -725,11 +736,15 @@ def _decode_head(doc: _Fields, version: tuple[int, int], path: str) -> tuple[Arc
 
 
 def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = True) -> BlobTable | range:
-    """The blobs, checked; unless ``keep``, only how many there are (``range``: what the entries' checks need)."""
+    """The blobs, checked; unless ``keep``, only how many there are (``range``: what the entries' checks need).
+    Past ``HELD_DIGESTS`` of them, their digests go to a temp file as they come (``FileSpan``): held, they took 32
+    bytes a blob, and as much again while the buffer that grew was copied."""
     blobs = BlobTable()
     # One buffer grown a digest at a time: a list of them, joined at the end, held 73 bytes a blob more (the bytes
     # object and its slot) and made the peak of reading 154,830 blobs 39 MB, where this makes it 20.
     digests = bytearray()
+    spill: _Spill | None = None
+    spilling = True  # until a temp file cannot be made or written
     add_block, add_offset, add_size, add_digest = \
         blobs.blocks.append, blobs.offsets.append, blobs.sizes.append, digests.extend
     n = -1
@@ -749,9 +764,57 @@ def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = Tru
             add_offset(offset)
             add_size(size)
             add_digest(digest)
-    blobs.digests = bytes(digests)
+            if spilling and n >= HELD_DIGESTS and len(digests) >= _DIGESTS_A_WRITE:
+                spill = spill or _Spill.made()
+                if spill is not None and spill.append(digests):
+                    del digests[:]
+                else:
+                    spill, spilling = _held(spill, digests), False
+    if spill is not None and spill.append(digests):
+        blobs.digests = FileSpan(spill.file, 0, spill.size)
+    else:
+        _held(spill, digests)
+        blobs.digests = bytes(digests)
     del digests
     return blobs if keep else range(n + 1)
+
+
+class _Spill:
+    """Bytes appended to a temp file: all of an ``append`` or none of it."""
+
+    def __init__(self, file: BinaryIO):
+        self.file, self.size = file, 0
+
+    @staticmethod
+    def made() -> _Spill | None:
+        """A new one; None where no temp file can be made (a missing or read-only temp directory)."""
+        import tempfile  # 3 ms of imports that the reading of a small index, its usual case, does not pay
+
+        try:
+            return _Spill(tempfile.TemporaryFile(buffering=0))
+        except OSError:
+            return None
+
+    def append(self, data: bytearray) -> bool:
+        """False where the file could not take it all (a full temp directory): it then holds what it held."""
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self.file.write(view):]
+        except OSError:
+            os.ftruncate(self.file.fileno(), self.size)
+            return False
+        finally:
+            view.release()
+        self.size += len(data)
+        return True
+
+
+def _held(spill: _Spill | None, digests: bytearray) -> None:
+    """Take back into ``digests``, before what they hold, what ``spill`` (if any) had written; close it."""
+    if spill is not None:
+        digests[0:0] = os.pread(spill.file.fileno(), spill.size, 0)
+        spill.file.close()
 
 
 def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool = True,
