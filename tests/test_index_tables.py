@@ -159,3 +159,40 @@ def test_digests_stay_held_where_no_temp_file_takes_them(monkeypatch, failing):
     monkeypatch.setattr(tempfile, "TemporaryFile", made)
     blobs = _decoded().blobs
     assert isinstance(blobs.digests, bytes) and blobs == held
+
+
+@pytest.mark.parametrize("temp_dir", ["usable", "no temp file", "a temp directory filling up"])
+def test_a_writers_digests_past_the_first_go_to_a_temp_file(monkeypatch, temp_dir):
+    """The pack's dedupe with its digests in a temp file past the first few (or held, where no temp file takes
+    them): each content found once, and read back whole and by blob."""
+    import hashlib
+
+    from tritonpack.archive import writer
+
+    real = tempfile.TemporaryFile
+
+    def made(*args, **kwargs):
+        if temp_dir == "no temp file":
+            raise OSError(errno.EROFS, "Read-only file system")
+        file = real(*args, **kwargs)
+        return file if temp_dir == "usable" else _Filling(file)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", made)
+    monkeypatch.setattr(writer, "HELD_DIGESTS", 2)
+    blobs = writer._Blobs(files=100)
+    digests = [hashlib.sha256(bytes([n])).digest() for n in range(100)]
+    for n, digest in enumerate(digests):
+        assert blobs.add(blobs.find(digest), 0, n, 1, digest) == n
+    assert [blobs.find(d) for d in digests] == list(range(100)) and blobs.find(hashlib.sha256(b"x").digest()) < 0
+    assert (len(blobs.digests._tail) < 64) == (temp_dir == "usable")  # the rest is in the file, where one took it
+    assert [blobs.digest(n) for n in range(100)] == digests == [ref.sha256 for ref in blobs]
+    assert blobs.digest_run(0, 100) == b"".join(digests) and blobs.digest_run(3, 5) == b"".join(digests[3:5])
+
+
+def test_an_archive_packed_with_its_digests_in_a_temp_file_is_the_same(tmp_path, compiled_root, monkeypatch):
+    from tritonpack.archive import writer
+
+    tritonpack.pack(compiled_root, tmp_path / "held.tpack")
+    monkeypatch.setattr(writer, "HELD_DIGESTS", 1)
+    tritonpack.pack(compiled_root, tmp_path / "spilled.tpack")
+    assert (tmp_path / "spilled.tpack").read_bytes() == (tmp_path / "held.tpack").read_bytes()

@@ -78,7 +78,8 @@ class BlobRef(NamedTuple):
 class BlobTable:
     """The blobs, in arrays and one run of digests; an item is a ``BlobRef``, made as it is read. A ``BlobRef``, its
     offset's int and its digest's bytes a blob took 0.15 KB more, for the hundreds of thousands of blobs of a large
-    cache. The digests are bytes, or (``FileSpan``) a temp file's where a reader decoded many."""
+    cache. The digests are bytes, or a temp file's where there are many (a reader's ``FileSpan``, a writer's
+    ``SpilledRun``)."""
 
     __slots__ = ("blocks", "digests", "offsets", "sizes")
 
@@ -87,7 +88,7 @@ class BlobTable:
         self.blocks = array("I")
         self.offsets = array("I")
         self.sizes = array("I")
-        self.digests: bytes | bytearray | FileSpan = b""  # 32 bytes a blob
+        self.digests: bytes | bytearray | FileSpan | SpilledRun = b""  # 32 bytes a blob
 
     def digest(self, n: int) -> bytes:
         return self.digests[32 * n:32 * n + 32]
@@ -810,6 +811,39 @@ class _Spill:
         return True
 
 
+class SpilledRun:
+    """Bytes appended at the end and read as bytes are (slices), all but the last ``held`` or so written to a temp
+    file as they come (``_Spill``): a writer's blob digests, 32 bytes a blob. Held where no temp file can be made
+    or written."""
+
+    def __init__(self, held: int):
+        self._held = held
+        self._spill: _Spill | None = None
+        self._spilling = True  # until a temp file cannot be made or written
+        self._tail = bytearray()
+
+    def __len__(self) -> int:
+        return (self._spill.size if self._spill is not None else 0) + len(self._tail)
+
+    def append(self, data: bytes) -> None:
+        tail = self._tail
+        tail += data
+        if self._spilling and len(tail) >= self._held:
+            spill = self._spill or _Spill.made()
+            if spill is not None and spill.append(tail):
+                self._spill = spill
+                del tail[:]
+            else:
+                _held(spill, tail)
+                self._spill, self._spilling = None, False
+
+    def __getitem__(self, at: slice) -> bytes:
+        first, end, _ = at.indices(len(self))
+        split = self._spill.size if self._spill is not None else 0
+        head = os.pread(self._spill.file.fileno(), min(end, split) - first, first) if first < min(end, split) else b""
+        return head + bytes(self._tail[max(first, split) - split:end - split]) if end > split else head
+
+
 def _held(spill: _Spill | None, digests: bytearray) -> None:
     """Take back into ``digests``, before what they hold, what ``spill`` (if any) had written; close it."""
     if spill is not None:
@@ -950,5 +984,5 @@ def _checked_so_far(entries: list[Entry]) -> tuple[set[tuple[str, str, str]], di
 
 
 __all__ = ["Block", "BlobRef", "BlobTable", "FileBlobs", "StoredFiles", "Index", "IndexEncoding", "FileSpan",
-           "decode_index", "check_index", "decode_blocks", "block_table", "valid_file_name", "CODEC_ZSTD",
-           "CODEC_ZSTD_SPLICE", "FILE"]
+           "SpilledRun", "HELD_DIGESTS", "decode_index", "check_index", "decode_blocks", "block_table",
+           "valid_file_name", "CODEC_ZSTD", "CODEC_ZSTD_SPLICE", "FILE"]
