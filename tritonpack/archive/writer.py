@@ -284,7 +284,7 @@ class _Blobs(BlobTable):
 
     def forget_contents(self) -> None:
         """Every file is read: no content is looked up again."""
-        self._slots = array("I")
+        self._slots, self._tags = array("I"), array("I")
 
 
 def compress_block(data: bytes, level: int) -> bytes:
