@@ -34,6 +34,7 @@ from ..model import (
     StoredFile,
     StubInfo,
     TritonInfo,
+    manifest_name,
     names_of,
 )
 from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
@@ -47,7 +48,7 @@ KEY_RE = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
 _READ_SIZE = 1 << 16  # bytes msgpack reads at a time from an index
 _SPILL_BLOBS, _SPILL_ENTRIES = 8192, 2048  # elements packed between two writes of an encoding to its spill
 _CHUNK = 1 << 20  # bytes of a spilled index read at a time
-# Digests a reader holds, beyond which the rest go to a temp file (1 MiB of them); written 64 KiB at a time
+# Digests held, beyond which they go to a temp file, a MiB at a time; a reader hands them over 64 KiB at a time
 HELD_DIGESTS, _DIGESTS_A_WRITE = 1 << 15, 1 << 16
 
 
@@ -738,14 +739,13 @@ def _decode_head(doc: _Fields, version: tuple[int, int], path: str) -> tuple[Arc
 
 def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = True) -> BlobTable | range:
     """The blobs, checked; unless ``keep``, only how many there are (``range``: what the entries' checks need).
-    Past ``HELD_DIGESTS`` of them, their digests go to a temp file as they come (``FileSpan``): held, they took 32
-    bytes a blob, and as much again while the buffer that grew was copied."""
+    Past ``HELD_DIGESTS`` of them, their digests go to a temp file as they come (``SpilledRun``): held, they took
+    32 bytes a blob, and as much again while the buffer that grew was copied."""
     blobs = BlobTable()
-    # One buffer grown a digest at a time: a list of them, joined at the end, held 73 bytes a blob more (the bytes
-    # object and its slot) and made the peak of reading 154,830 blobs 39 MB, where this makes it 20.
+    run = SpilledRun(32 * HELD_DIGESTS)
+    # A buffer grown a digest at a time, handed to the run every few thousand: a list of them, joined at the end,
+    # held 73 bytes a blob more (the bytes object and its slot) and made the peak of reading 154,830 blobs 39 MB.
     digests = bytearray()
-    spill: _Spill | None = None
-    spilling = True  # until a temp file cannot be made or written
     add_block, add_offset, add_size, add_digest = \
         blobs.blocks.append, blobs.offsets.append, blobs.sizes.append, digests.extend
     n = -1
@@ -765,18 +765,12 @@ def _decode_blobs(raw_blobs, block_sizes: list[int], path: str, keep: bool = Tru
             add_offset(offset)
             add_size(size)
             add_digest(digest)
-            if spilling and n >= HELD_DIGESTS and len(digests) >= _DIGESTS_A_WRITE:
-                spill = spill or _Spill.made()
-                if spill is not None and spill.append(digests):
-                    del digests[:]
-                else:
-                    spill, spilling = _held(spill, digests), False
-    if spill is not None and spill.append(digests):
-        blobs.digests = FileSpan(spill.file, 0, spill.size)
-    else:
-        _held(spill, digests)
-        blobs.digests = bytes(digests)
+            if len(digests) >= _DIGESTS_A_WRITE:
+                run.append(digests)
+                del digests[:]
+    run.append(digests)
     del digests
+    blobs.digests = run.finished()
     return blobs if keep else range(n + 1)
 
 
@@ -812,9 +806,9 @@ class _Spill:
 
 
 class SpilledRun:
-    """Bytes appended at the end and read as bytes are (slices), all but the last ``held`` or so written to a temp
-    file as they come (``_Spill``): a writer's blob digests, 32 bytes a blob. Held where no temp file can be made
-    or written."""
+    """Bytes appended at the end and read as bytes are (slices), written to a temp file ``held`` at a time as they
+    come (``_Spill``). Blob digests, 32 bytes a blob: a writer's as it reads, a reader's as it decodes. Held where
+    no temp file can be made or written."""
 
     def __init__(self, held: int):
         self._held = held
@@ -829,26 +823,33 @@ class SpilledRun:
         tail = self._tail
         tail += data
         if self._spilling and len(tail) >= self._held:
-            spill = self._spill or _Spill.made()
-            if spill is not None and spill.append(tail):
-                self._spill = spill
-                del tail[:]
-            else:
-                _held(spill, tail)
-                self._spill, self._spilling = None, False
+            self._spill = self._spill or _Spill.made()
+            self._write_tail()
+
+    def finished(self) -> bytes | FileSpan:
+        """All of it, done growing: a temp file's (the last bytes written too), or bytes where it is held."""
+        if self._spill is not None and self._write_tail():
+            return FileSpan(self._spill.file, 0, self._spill.size)
+        return bytes(self._tail)
+
+    def _write_tail(self) -> bool:
+        """Move the held bytes to the temp file; where it takes none (none made, or full), hold from now on what it
+        had taken too, and close it."""
+        spill = self._spill
+        if spill is not None and spill.append(self._tail):
+            del self._tail[:]
+            return True
+        if spill is not None:
+            self._tail[0:0] = os.pread(spill.file.fileno(), spill.size, 0)
+            spill.file.close()
+        self._spill, self._spilling = None, False
+        return False
 
     def __getitem__(self, at: slice) -> bytes:
         first, end, _ = at.indices(len(self))
         split = self._spill.size if self._spill is not None else 0
         head = os.pread(self._spill.file.fileno(), min(end, split) - first, first) if first < min(end, split) else b""
         return head + bytes(self._tail[max(first, split) - split:end - split]) if end > split else head
-
-
-def _held(spill: _Spill | None, digests: bytearray) -> None:
-    """Take back into ``digests``, before what they hold, what ``spill`` (if any) had written; close it."""
-    if spill is not None:
-        digests[0:0] = os.pread(spill.file.fileno(), spill.size, 0)
-        spill.file.close()
 
 
 def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool = True,
@@ -979,7 +980,7 @@ def _checked_so_far(entries: list[Entry]) -> tuple[set[tuple[str, str, str]], di
         names = claimed.setdefault(e.key, set())
         names.update(e.file_names)
         if e.kind == GROUP:
-            names.add(f"__grp__{e.name}.json")
+            names.add(manifest_name(e.name))
     return seen, claimed
 
 
