@@ -93,7 +93,7 @@ def pack(
     the command does).
     """
     from .archive.writer import forked_helpers, write_archive
-    from .cacheroot import scan_cache
+    from .cacheroot import files_subset, scan_cache
     from .fingerprint import local_triton
     from .report import PackResult, kind_counts
     from .triton_env import python_info
@@ -107,10 +107,10 @@ def pack(
     with helpers if helpers is not None else contextlib.nullcontext():
         scan = scan_cache(root, processes=processes)
         if since is not None:
-            scan.entries = [e for e in scan.entries if _newest(e) >= since]
+            scan.keep(lambda e: e if _newest(e) >= since else None)
         if not selection.everything:
-            scan.entries = [e._replace(files=tuple(e.files[i] for i in selection.file_indices(e)))
-                            for e in scan.entries if selection.wants(e)]
+            scan.keep(lambda e: e._replace(files=files_subset(e.files, selection.file_indices(e)))
+                      if selection.wants(e) else None)
         targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
                    if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm

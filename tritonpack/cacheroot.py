@@ -12,16 +12,30 @@ import re
 import stat
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .archive.index import valid_file_name
 from .errors import CacheError
 from .forking import cores, fork_safe, forked_map
-from .model import AUTOTUNE, FILE, GROUP, AutotuneInfo, KernelInfo, LazyFiles, StubInfo, manifest_name, total_size
+from .model import (
+    AUTOTUNE,
+    FILE,
+    GROUP,
+    AutotuneInfo,
+    KernelInfo,
+    LazyFiles,
+    StubInfo,
+    index_order,
+    manifest_name,
+    total_size,
+)
 from .triton_env import python_info
+
+if TYPE_CHECKING:
+    from .packedentries import PackedEntries
 
 # hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+); a little wider so that future encodings still read.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
@@ -109,6 +123,16 @@ class LocalFiles(LazyFiles):
     def __reduce__(self):  # the forked scan sends its entries to the parent
         return LocalFiles, (self.root, self.key, self.names, self.sizes)
 
+    def subset(self, numbers: Sequence[int]) -> LocalFiles:
+        """The files of these numbers, in this order."""
+        return LocalFiles(self.root, self.key, tuple(self.names[n] for n in numbers),
+                          array("Q", [self.sizes[n] for n in numbers]))
+
+
+def files_subset(files: Sequence[LocalFile], numbers: Sequence[int]) -> Sequence[LocalFile]:
+    """An entry's files of these numbers, in this order, held as its files were."""
+    return files.subset(numbers) if isinstance(files, LocalFiles) else tuple(files[n] for n in numbers)
+
 
 class LocalEntry(NamedTuple):
     """An entry found under a cache root, its files still on disk."""
@@ -135,11 +159,14 @@ class Skipped(NamedTuple):
 
 
 class CacheScan:
-    """What a scan of a root found, built up as it goes."""
+    """What a scan of a root found, built up as it goes. Its entries come in the order an archive's index has them
+    (``model.index_order``); ``packed``: held as packed records (``PackedEntries``), for a large root."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, packed: bool = False) -> None:
+        from .packedentries import PackedEntries  # which reads the records back into this module's classes
+
         self.root = root
-        self.entries: list[LocalEntry] = []
+        self.entries: list[LocalEntry] | PackedEntries = PackedEntries(root) if packed else []
         self.skipped: list[Skipped] = []
         # child names found valid so far: the kernels of one template share them, and each is checked once
         self.valid_names: set[str] = set()
@@ -149,6 +176,14 @@ class CacheScan:
     @property
     def foreign_manifests(self) -> int:
         return sum(1 for e in self.entries if e.foreign_manifest)
+
+    def keep(self, choose: Callable[[LocalEntry], LocalEntry | None]) -> None:
+        """Keep, for each entry, what ``choose`` makes of it (None: nothing), held as the entries were."""
+        entries = self.entries
+        self.entries = CacheScan(self.root, packed=not isinstance(entries, list)).entries
+        for entry in entries:
+            if (chosen := choose(entry)) is not None:
+                self.entries.append(chosen)
 
 
 _NO_ENV: dict[str, str] = {}  # the env of most kernels, one dict for all (read, never changed): 64 bytes a group
@@ -319,11 +354,12 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
     key_dir = os.path.join(root, key)
     files = _regular_files(key_dir, key, scan.skipped)
     claimed: set[str] = set()
+    found: list[LocalEntry] = []
     for name in [n for n in files if n.startswith(MANIFEST_PREFIX) and n.endswith(".json")]:
         claimed.add(name)
         entry = _scan_group(root, key, name, files, scan)
         if entry is not None:
-            scan.entries.append(entry)
+            found.append(entry)
             claimed.update(f.name for f in entry.files)
         else:  # its children are reported with the manifest, not one by one
             data = _read_json(f"{key_dir}{os.sep}{name}", files[name])
@@ -347,16 +383,20 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
             except ValueError:
                 scan.skipped.append(Skipped(f"{key}/{name}", "unreadable autotune result"))
                 continue
-            scan.entries.append(LocalEntry(AUTOTUNE, key, name, local, autotune=info))
+            found.append(LocalEntry(AUTOTUNE, key, name, local, autotune=info))
         elif name.endswith(".so"):
-            scan.entries.append(LocalEntry(FILE, key, name, local, stub=stub_info(name)))
+            found.append(LocalEntry(FILE, key, name, local, stub=stub_info(name)))
         elif name == "lock" and files[name] == 0:
             scan.skipped.append(Skipped(f"{key}/{name}", "lock file"))
         else:
             scan.skipped.append(Skipped(f"{key}/{name}", "unrecognised file"))
+    scan.entries.extend(sorted(found, key=index_order))
 
 
 ITEMS_PER_PROCESS = 128  # a forked reader's least share of a root: fewer directories cost more to fork than to read
+# Past this many directories in a root, the scan packs its entries (``PackedEntries``): a root of 65,536 keys holds
+# about 500,000 files, whose entries' objects would take 50 MB; below, the 1.5 us of reading one back is not paid.
+PACKED_KEYS = 8192
 
 
 def scan_cache(root: str, processes: bool = False) -> CacheScan:
@@ -372,20 +412,21 @@ def scan_cache(root: str, processes: bool = False) -> CacheScan:
     except OSError as e:
         raise CacheError(f"cannot read: {e.strerror}", root) from e
     count = min(cores(), len(items) // ITEMS_PER_PROCESS) if processes and fork_safe() else 1
+    packed = len(items) > PACKED_KEYS
     if count > 1:
         runs = [items[n * len(items) // count:(n + 1) * len(items) // count] for n in range(count)]
-        parts = forked_map(partial(_scan_items, root), runs)
+        parts = forked_map(partial(_scan_items, root, packed=packed), runs)
     else:
-        parts = [_scan_items(root, items)]
-    scan = CacheScan(root=root)
+        parts = [_scan_items(root, items, packed)]
+    scan = CacheScan(root, packed)
     for entries, skipped in parts:
         scan.entries += entries
         scan.skipped += skipped
     return scan
 
 
-def _scan_items(root: str, items: list[os.DirEntry]) -> tuple[list[LocalEntry], list[Skipped]]:
-    scan = CacheScan(root=root)
+def _scan_items(root: str, items: list[os.DirEntry], packed: bool) -> tuple[list[LocalEntry], list[Skipped]]:
+    scan = CacheScan(root, packed)
     for item in items:
         if item.name == TOOL_DIR:
             continue
@@ -420,5 +461,5 @@ def scan_keys(root: str, keys) -> CacheScan:
     return scan
 
 
-__all__ = ["CacheScan", "LocalEntry", "LocalFile", "LocalFiles", "Skipped", "scan_cache", "scan_keys", "kernel_info",
-           "manifest_name"]
+__all__ = ["CacheScan", "LocalEntry", "LocalFile", "LocalFiles", "Skipped", "files_subset", "scan_cache", "scan_keys",
+           "kernel_info", "manifest_name"]

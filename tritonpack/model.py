@@ -65,6 +65,11 @@ def total_size(files: Sequence) -> int:
     return total if total is not None else sum(sizes_of(files))
 
 
+def index_order(entry) -> tuple[str, str, str]:
+    """Where an entry goes in an archive's index: by key, kind and name."""
+    return (entry.key, entry.kind, entry.name)
+
+
 class KernelInfo(NamedTuple):
     """What a group's metadata json says about the compiled kernel (``None`` where it says nothing)."""
 

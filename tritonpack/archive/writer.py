@@ -15,6 +15,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from itertools import pairwise
 from typing import NamedTuple, Protocol
 
 import msgpack
@@ -22,7 +23,7 @@ import zstandard
 
 from ..errors import ArchiveError, CacheError, UsageError
 from ..forking import cores, fork_safe, private_map
-from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, names_of, sizes_of
+from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, index_order, names_of, sizes_of
 from . import splice
 from .format import (
     DEFAULT_LEVEL,
@@ -172,20 +173,27 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
     configuration, target and name, its size, and its unit in the low 64 bits (its entry's number orders as its
     key would: ``entries`` come sorted by key). A tuple of the fields took 0.2 KB a file while the layout was
     made, and the heap kept its size after (27 MB at 187,230 files, which later records only filled)."""
-    if len(entries) > _MOST_ENTRIES or any(len(entry.files) >= _NO_PAIR for entry in entries):
+    if len(entries) > _MOST_ENTRIES:
         raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
-    tables = [(names_of(entry.files), sizes_of(entry.files)) for entry in entries]  # each entry's, once
-    names = _ranks({name for file_names, _ in tables for name in file_names})
-    targets = _ranks({entry.kernel.target if entry.kernel else "" for entry in entries})
-    configs = _ranks({_config(entry.kernel) for entry in entries} | {_NO_CONFIG})
+    all_names, all_targets, all_configs = set(), {""}, {_NO_CONFIG}  # an entry is read once a pass (packed ones
+    for entry in entries:  # are made again each time: none is held)
+        file_names = names_of(entry.files)
+        if len(file_names) >= _NO_PAIR:
+            raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
+        all_names.update(file_names)
+        if entry.kernel:
+            all_targets.add(entry.kernel.target)
+            all_configs.add(_config(entry.kernel))
+    names, targets, configs = _ranks(all_names), _ranks(all_targets), _ranks(all_configs)
+    del all_names, all_targets, all_configs
     # A key's fields, from the low bits: unit, name, target, size (64 bits: any file's), configuration
     target_shift = _UNIT_BITS + len(names).bit_length()
     size_shift = target_shift + len(targets).bit_length()
     config_shift = size_shift + 64
     plain = configs[_NO_CONFIG] << config_shift
     of_type: dict[str, list[int]] = {}  # extension (or _PAIRS) -> the sort keys of its files
-    for i, (entry, (file_names, sizes)) in enumerate(zip(entries, tables, strict=True)):
-        kernel = entry.kernel
+    for i, entry in enumerate(entries):
+        kernel, file_names, sizes = entry.kernel, names_of(entry.files), sizes_of(entry.files)
         target = targets[kernel.target if kernel else ""] << target_shift
         config = configs[_config(kernel)] << config_shift
         paired = _ptx_pairs(file_names, sizes, block_size) if kernel is not None else {}
@@ -454,7 +462,8 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
 
 def _write(out, path, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
     directory = os.path.dirname(os.path.abspath(path))
-    entries = sorted(entries, key=lambda e: (e.key, e.kind, e.name))
+    if any(a > b for a, b in pairwise(map(index_order, entries))):
+        entries = sorted(entries, key=index_order)  # a scan's come in order, and packed ones stay so, unread
     units = _layout_order(entries, block_size if splice_ptx else 0)
     partner = {(i, cubin): ptx for i, ptx, cubin in map(_unit_numbers, units)  # (entry, cubin) -> its .ptx
                if cubin != _NO_PAIR}
