@@ -4,7 +4,7 @@
 moment of the peak (seconds, summed PSS MB, processes, the main process's PSS MB), the main process's own peak, the
 peak while more than six processes ran (a pack's forked scan), and the timeline itself. The copies are made once
 and measured with each tree in turn, so that two revisions are compared on the same files.
-Usage: python bench/memory_timeline.py ARCHIVE WORK_DIR COPIES TREE [TREE ...] [--out F]
+Usage: python bench/memory_timeline.py ARCHIVE WORK_DIR COPIES TREE [TREE ...] [--out F] [--commands pack,...]
   ARCHIVE: fixtures/torch-max-autotune-h200-triton36.tpack (6,241 files); WORK_DIR: tmpfs is best (/dev/shm; a copy
   of 170 copies, 1,060,970 files, takes 36 GB, and its unpack as much again); TREE: a directory holding a
   tritonpack/ (a checkout, or ``git archive REV tritonpack | tar -x -C DIR``).
@@ -51,7 +51,10 @@ def main() -> None:
     parser.add_argument("copies", type=int)
     parser.add_argument("trees", nargs="+")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--commands", default="pack,unpack,list",
+                        help="which to run, in this order (unpack and list need a pack before them)")
     args = parser.parse_args()
+    commands = args.commands.split(",")
     real, cache = os.path.join(args.work, "real"), os.path.join(args.work, "cache")
     archive, out = os.path.join(args.work, "copies.tpack"), os.path.join(args.work, "out")
 
@@ -65,19 +68,19 @@ def main() -> None:
     results: dict = {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "copies": args.copies,
                      "files": sum(len(names) for _, _, names in os.walk(cache)),
                      "sample": "(seconds, summed PSS MB, processes, main process PSS MB)"}
-    for tree in args.trees:
+    arguments = {"pack": ["pack", cache, "-o", archive, "-q"],
+                 "unpack": ["unpack", archive, "--cache-dir", out, "-q", "--force"], "list": ["list", archive]}
+    for n, tree in enumerate(args.trees):  # a tree named again is measured again: rounds, interleaved
         command, env = tp(tree)
-        row = {"pack": timeline([*command, "pack", cache, "-o", archive, "-q"], env),
-               "unpack": timeline([*command, "unpack", archive, "--cache-dir", out, "-q", "--force"], env),
-               "list": timeline([*command, "list", archive], env)}
+        row = {name: timeline([*command, *arguments[name]], env) for name in commands}
         shutil.rmtree(out, ignore_errors=True)
-        results[tree] = row
+        results[tree if tree not in args.trees[:n] else f"{tree} ({args.trees[:n].count(tree) + 1})"] = row
         print(f"{tree}, {results['files']} files: " + ", ".join(
             f"{name} peak {row[name]['peak'][1]} MB at {row[name]['peak'][0]} s ({row[name]['seconds']} s)"
             for name in row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.out:  # after each tree: a run cut short still leaves the trees it measured
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

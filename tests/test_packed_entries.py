@@ -47,6 +47,8 @@ def test_a_packed_scan_reads_as_the_plain_one(mixed_root, monkeypatch, counted_f
     assert plain.entries == sorted(plain.entries, key=index_order)  # the index's order, so the writer sorts none
     kinds = {e.kind for e in plain.entries}
     assert kinds == {"group", "autotune", "file"}
+    kept = sum(len(run.kept) for run in packed.entries._runs)  # every group a record, the others as they are
+    assert kept == sum(e.kind != "group" for e in plain.entries)
     assert bool(counted_forks) == forked and no_child_left()
     assert list(pickle.loads(pickle.dumps(packed.entries))) == plain.entries
 

@@ -5,6 +5,7 @@ import contextlib
 import os
 import time
 from array import array
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -111,28 +112,33 @@ def pack(
         if not selection.everything:
             scan.keep(lambda e: e._replace(files=files_subset(e.files, selection.file_indices(e)))
                       if selection.wants(e) else None)
-        targets = {(e.kernel.backend, e.kernel.arch, e.kernel.warp_size) for e in scan.entries
-                   if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
+        targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
+        for e in scan.entries:  # made again each time they are read: packedentries)
+            kernel = e.kernel
+            if kernel and kernel.backend and kernel.arch is not None and kernel.warp_size:
+                targets.add((kernel.backend, kernel.arch, kernel.warp_size))
+            total += e.size
+            kinds[e.kind] += 1
+            foreign += e.foreign_manifest
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
         triton = None if local is None else TritonInfo(
             local.version, local.key_sha256,
             {k: v for k, v in local.backend_hashes.items() if k in {f"{b}:{a}" for b, a, _ in targets}})
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
                            created=source_date_epoch(), python=python_info(), triton=triton)
-        total = sum(e.size for e in scan.entries)
         written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,
                                 helpers=helpers, on_file=progress_counter(total, progress))
     return PackResult(
         archive=os.fspath(output),
         cache_dir=root,
-        entries=kind_counts(e.kind for e in scan.entries),
+        entries=kind_counts(kinds),
         files=written.files,
         unique_blobs=written.blobs,
         bytes_in=written.bytes_in,
         bytes_out=written.bytes_out,
         seconds=time.perf_counter() - start,
         skipped=scan.skipped,
-        foreign_manifests=scan.foreign_manifests,
+        foreign_manifests=foreign,
         triton_version=info.triton.version if info.triton else None,
         cubins=written.cubins,
         spliced=written.spliced,

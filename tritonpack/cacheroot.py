@@ -99,7 +99,7 @@ class LocalFiles(LazyFiles):
 
     __slots__ = ("key", "names", "root", "sizes")
 
-    def __init__(self, root: str, key: str, names: tuple[str, ...], sizes: array) -> None:
+    def __init__(self, root: str, key: str, names: tuple[str, ...], sizes: Sequence[int]) -> None:
         self.root = root
         self.key = key
         self.names = names
@@ -172,10 +172,6 @@ class CacheScan:
         self.valid_names: set[str] = set()
         # and their tuples, each kept once (an entry's took 0.11 KB): the configurations of one kernel list the same
         self.name_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-    @property
-    def foreign_manifests(self) -> int:
-        return sum(1 for e in self.entries if e.foreign_manifest)
 
     def keep(self, choose: Callable[[LocalEntry], LocalEntry | None]) -> None:
         """Keep, for each entry, what ``choose`` makes of it (None: nothing), held as the entries were."""

@@ -75,12 +75,12 @@ class _Run:
         if kept is not None:
             return kept
         (key, name, names, sizes, backend, arch, warp_size, num_warps, num_stages, num_ctas, shared, version, digest,
-         env, foreign) = msgpack.unpackb(self.records[self.starts[n]:self.starts[n + 1]])
+         env, foreign) = msgpack.unpackb(self.records[self.starts[n]:self.starts[n + 1]], use_list=False)
         values = self.values
         kernel = KernelInfo(values[backend], values[arch], warp_size, num_warps, num_stages, num_ctas, shared,
                             values[version], digest, values[env])
-        return LocalEntry(GROUP, key, values[name], LocalFiles(self.root, key, values[names], array("Q", sizes)),
-                          kernel, None, None, foreign)
+        return LocalEntry(GROUP, key, values[name], LocalFiles(self.root, key, values[names], sizes), kernel, None,
+                          None, foreign)
 
 
 class PackedEntries(Sequence):
