@@ -91,3 +91,19 @@ def test_a_pack_of_packed_entries_is_the_same_archive_and_hits(tmp_path, compile
     hits = compile_all(root)
     if HAS_LISTENER:
         assert hits == [True] * len(hits)
+
+
+def test_the_writer_sorts_lists_and_refuses_other_sequences_out_of_order(tmp_path, compiled_root, monkeypatch):
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.errors import ArchiveError
+
+    info = tritonpack.ArchiveInfo("test", (1, 0), None, None, None)
+    entries = list(scan_cache(str(compiled_root)).entries)
+    write_archive(str(tmp_path / "sorted.tpack"), entries, info)
+    write_archive(str(tmp_path / "reversed.tpack"), entries[::-1], info)
+    assert (tmp_path / "sorted.tpack").read_bytes() == (tmp_path / "reversed.tpack").read_bytes()
+    packed = PackedEntries(str(compiled_root))
+    packed.extend(entries[::-1])
+    with pytest.raises(ArchiveError, match="out of the index's order"):
+        write_archive(str(tmp_path / "packed.tpack"), packed, info)
+    assert sorted(os.listdir(tmp_path)) == ["reversed.tpack", "sorted.tpack"]  # no archive, no temp file

@@ -421,7 +421,7 @@ def scan_cache(root: str, processes: bool = False) -> CacheScan:
     return scan
 
 
-def _scan_items(root: str, items: list[os.DirEntry], packed: bool) -> tuple[list[LocalEntry], list[Skipped]]:
+def _scan_items(root: str, items: list[os.DirEntry], packed: bool) -> tuple[Sequence[LocalEntry], list[Skipped]]:
     scan = CacheScan(root, packed)
     for item in items:
         if item.name == TOOL_DIR:

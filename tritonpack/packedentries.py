@@ -30,7 +30,9 @@ class _Run:
         self.records = bytearray(records)
         self.starts = starts if starts is not None else array("Q", [0])  # record n: starts[n] to starts[n + 1]
         self.values = values if values is not None else []
-        self.numbers: dict = {}  # value (an env as its items) -> its place in ``values``, for records still to come
+        # value -> its place in ``values``, for records still to come; an env by the frozenset of its items, which
+        # no other value equals (a tuple of file names, say)
+        self.numbers: dict = {}
         self.kept = kept if kept is not None else {}  # entry number -> an entry held as it is
 
     def __len__(self) -> int:
@@ -59,7 +61,7 @@ class _Run:
                 entry.key, number(entry.name), number(files.names), list(files.sizes), number(kernel.backend),
                 number(kernel.arch), kernel.warp_size, kernel.num_warps, kernel.num_stages, kernel.num_ctas,
                 kernel.shared, number(kernel.triton_version), kernel.hash,
-                number(tuple(kernel.env.items()), kernel.env), entry.foreign_manifest])
+                number(frozenset(kernel.env.items()), kernel.env), entry.foreign_manifest])
         except (OverflowError, TypeError, ValueError):  # a value msgpack cannot hold
             self._keep(entry)
             return
@@ -126,7 +128,7 @@ class PackedEntries(Sequence):
 
     def extend(self, entries: Iterable) -> None:
         if isinstance(entries, PackedEntries) and entries.root == self.root:
-            for run in entries._runs:
+            for run in list(entries._runs):
                 self._take(run)
         else:
             for entry in entries:
