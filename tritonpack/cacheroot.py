@@ -390,8 +390,8 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
 
 
 ITEMS_PER_PROCESS = 128  # a forked reader's least share of a root: fewer directories cost more to fork than to read
-# Past this many directories in a root, the scan packs its entries (``PackedEntries``): a root of 65,536 keys holds
-# about 500,000 files, whose entries' objects would take 50 MB; below, the 1.5 us of reading one back is not paid.
+# Past this many directories in a root (about 60,000 files, whose entries' objects take 6 MB), the scan packs its
+# entries (``PackedEntries``); below, a pack reads them back (1.5 us an entry, a few times each) for little memory.
 PACKED_KEYS = 8192
 
 
