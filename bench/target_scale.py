@@ -19,19 +19,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_scale import TP, copy_cache
+from perf import dir_stats, run
 
 
 def timed(argv: list[str]) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run([*TP, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    seconds = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"failed: tritonpack {' '.join(argv)}\n{proc.stderr.decode()[-2000:]}")
-    return seconds
+    return run([*TP, *argv])[0]
 
 
 def main() -> None:
@@ -54,8 +49,7 @@ def main() -> None:
         for copies in map(int, args.copies.split(",")):
             cache, archive, out = (os.path.join(work, name) for name in ("cache", "copies.tpack", "out"))
             copy_cache(real, cache, copies)
-            files = sum(len(names) for _, _, names in os.walk(cache))
-            size = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(cache) for n in names)
+            files, size = dir_stats(cache)
             pack_seconds = timed(["pack", cache, "-o", archive, "-q"])
             shutil.rmtree(cache)
             samples: dict[str, list[float]] = {"whole": [], "list": [], **{t: [] for t in targets}}

@@ -163,10 +163,8 @@ class CacheScan:
     (``model.index_order``); ``packed``: held as packed records (``PackedEntries``), for a large root."""
 
     def __init__(self, root: str, packed: bool = False) -> None:
-        from .packedentries import PackedEntries  # which reads the records back into this module's classes
-
         self.root = root
-        self.entries: list[LocalEntry] | PackedEntries = PackedEntries(root) if packed else []
+        self.entries = _no_entries(root, packed)
         self.skipped: list[Skipped] = []
         # child names found valid so far: the kernels of one template share them, and each is checked once
         self.valid_names: set[str] = set()
@@ -176,10 +174,17 @@ class CacheScan:
     def keep(self, choose: Callable[[LocalEntry], LocalEntry | None]) -> None:
         """Keep, for each entry, what ``choose`` makes of it (None: nothing), held as the entries were."""
         entries = self.entries
-        self.entries = CacheScan(self.root, packed=not isinstance(entries, list)).entries
+        self.entries = _no_entries(self.root, packed=not isinstance(entries, list))
         for entry in entries:
             if (chosen := choose(entry)) is not None:
                 self.entries.append(chosen)
+
+
+def _no_entries(root: str, packed: bool) -> list[LocalEntry] | PackedEntries:
+    """A scan's entries before the first: a list, or packed records (``PackedEntries``)."""
+    from .packedentries import PackedEntries  # which reads the records back into this module's classes
+
+    return PackedEntries(root) if packed else []
 
 
 _NO_ENV: dict[str, str] = {}  # the env of most kernels, one dict for all (read, never changed): 64 bytes a group

@@ -86,7 +86,7 @@ def check_output(archive: str, target: list[str] | None = None, as_json: bool = 
     from .listing import check_lines, check_to_dict
 
     report = api.check(archive, targets=target or None)
-    code = 5 if report.verdicts and not report.usable_count else 6 if report.verdicts.unusable_count else 0
+    code = 5 if report.verdicts and not report.usable_count else 6 if report.unusable_count else 0
     if as_json:
         return Output(to_json(check_to_dict(report, archive)), code=code)
     return Output(None if quiet else map(printable, check_lines(report, archive)), code=code)

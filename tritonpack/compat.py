@@ -107,6 +107,10 @@ class CheckReport(NamedTuple):
     def usable_count(self) -> int:
         return len(self.verdicts) - self.verdicts.unusable_count
 
+    @property
+    def unusable_count(self) -> int:
+        return self.verdicts.unusable_count
+
     def reasons(self) -> list[tuple[str, int]]:
         """Each distinct mismatch with the number of entries it affects, most common first."""
         counts = Counter(str(m) for v in self.unusable for m in v.mismatches)

@@ -149,7 +149,7 @@ def check_to_dict(report: CheckReport, archive: str) -> dict:
     return {
         "archive": archive,
         "usable": report.usable_count,
-        "unusable": len(report.unusable),
+        "unusable": report.unusable_count,
         "unchecked": report.unchecked,
         "here": {
             "triton": env.triton.version if env.triton else None,

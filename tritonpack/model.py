@@ -143,7 +143,7 @@ class Entry(NamedTuple):
 
     @property
     def ident(self) -> tuple[str, str, str]:
-        return (self.key, self.kind, self.name)
+        return index_order(self)
 
     @property
     def target(self) -> str | None:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import RecordError, UsageError
-from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo
+from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order
 from .report import count_words, human_bytes, kind_counts, plural
 
 HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
@@ -156,7 +156,7 @@ def select(log: RecordLog) -> Selection:
             if entry is None:
                 unpacked.setdefault((use.key, _reason(scan.skipped, use.key, use.name)), []).append(use.name)
                 continue
-            ident = (entry.key, entry.kind, entry.name)
+            ident = index_order(entry)
             if ident in chosen:
                 if chosen[ident] is not entry and not _same_content(chosen[ident], entry):
                     selection.not_packed.append(Skipped(

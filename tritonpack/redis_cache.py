@@ -224,7 +224,7 @@ def unpack_to_redis(
         kinds=kind_counts(e.kind for e in reader.entries),
         unknown_entries=reader.index.unknown_entries,
         not_used=[] if force else report.reasons(),
-        not_used_entries=0 if force else len(report.unusable),
-        forced=len(report.unusable) if force else 0,
+        not_used_entries=0 if force else report.unusable_count,
+        forced=report.unusable_count if force else 0,
         unchecked=report.unchecked,
     )

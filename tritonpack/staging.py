@@ -154,6 +154,12 @@ def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[
                          f"{st.f_favail} available", root)
 
 
+def stage_path(prefixes: Sequence[str], number: int) -> str:
+    """Staging directory ``number``'s path, from its token's prefix (``StageWriter.stage_prefixes``)."""
+    token, at = divmod(number, STAGE_DIRS_A_TOKEN)
+    return f"{prefixes[token]}{at:04x}"
+
+
 KEY_DIRECTORY, NOT_STAGED = -1, -2  # in ``Destinations.numbers``, where a staging directory's number would be
 
 
@@ -179,8 +185,7 @@ class Destinations(Sequence):
     def __getitem__(self, n: int) -> tuple[str, Sequence[str] | None] | None:
         at = self.numbers[n]
         if at >= 0:
-            token, at = divmod(at, STAGE_DIRS_A_TOKEN)
-            return f"{self._stage_prefixes[token]}{at:04x}", self._placements[n].entry.file_names
+            return stage_path(self._stage_prefixes, at), self._placements[n].entry.file_names
         if at == KEY_DIRECTORY:
             return self._key_prefix + self._placements[n].entry.key, None
         return None
@@ -337,8 +342,7 @@ class StageWriter:
         return self._stage_prefixes
 
     def stage_path(self, number: int) -> str:
-        token, at = divmod(number, STAGE_DIRS_A_TOKEN)
-        return f"{self._stage_prefixes[token]}{at:04x}"
+        return stage_path(self._stage_prefixes, number)
 
     def release(self) -> None:
         """Release the run's locks (the staging directories' too)."""

@@ -172,17 +172,19 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
     configuration, target and name, its size, and its unit in the low 64 bits (its entry's number orders as its
     key would: ``entries`` come sorted by key). A tuple of the fields took 0.2 KB a file while the layout was
     made, and the heap kept its size after (27 MB at 187,230 files, which later records only filled)."""
+    too_many = f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived"
     if len(entries) > _MOST_ENTRIES:
-        raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
+        raise UsageError(too_many)
     all_names, all_targets, all_configs = set(), {""}, {_NO_CONFIG}  # an entry is read once a pass (packed ones
     previous = None  # are made again each time: none is held)
     for entry in entries:
-        if previous is not None and index_order(entry) < previous:
+        order = index_order(entry)
+        if previous is not None and order < previous:
             raise ArchiveError(f"entry {entry.key}/{entry.name} is out of the index's order (a writer bug)")
-        previous = index_order(entry)
+        previous = order
         file_names = names_of(entry.files)
         if len(file_names) >= _NO_PAIR:
-            raise UsageError(f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived")
+            raise UsageError(too_many)
         all_names.update(file_names)
         if entry.kernel:
             all_targets.add(entry.kernel.target)
