@@ -6,6 +6,8 @@ block) and the rest in proportion to what it takes; on the bench's synthetic cac
 copies of the archive's cache (``memory_scale.copy_cache``: each file made distinct), packed at the default
 settings, then, in rounds, a whole unpack and an unpack of each target alone (``--arch``), each into a fresh root,
 run as the ``tritonpack`` command. ``list`` of the same archive is timed beside them: the start without the files.
+Each target's share of the bytes a whole unpack writes is printed too: the ratio a proportional unpack would
+reach, less its start (the bench's targets are not thirds: 40, 36 and 24%).
 Usage: python bench/target_scale.py ARCHIVE [--copies 1,2,4,8] [--rounds 5] [--work DIR] [--out F]
   ARCHIVE: a multi-target archive (bench/make_large_cache.py --targets 3, packed); WORK: tmpfs is best.
 """
@@ -43,8 +45,15 @@ def main() -> None:
     listed = json.loads(subprocess.run([*TP, "list", os.path.abspath(args.archive), "--json"], check=True,
                                        capture_output=True).stdout)
     targets = sorted({e["target"] for e in listed["entries"] if e["kind"] == "group" and e.get("backend")})
+    # What each target's unpack writes, as a share of the whole's (entries without a target go with every one):
+    # a perfectly proportional unpack would take that share of the time, plus the start.
+    written = sum(e["size"] for e in listed["entries"])
+    common = sum(e["size"] for e in listed["entries"] if not e.get("backend"))
+    shares = {t: round((common + sum(e["size"] for e in listed["entries"] if e.get("target") == t)) / written, 3)
+              for t in targets}
     results = {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "targets": targets,
-               "rounds": args.rounds, "sizes": []}
+               "shares": shares, "rounds": args.rounds, "sizes": []}
+    print("each target's share of the bytes written: " + ", ".join(f"{t} {shares[t]:.2f}" for t in targets))
     try:
         for copies in map(int, args.copies.split(",")):
             cache, archive, out = (os.path.join(work, name) for name in ("cache", "copies.tpack", "out"))
