@@ -76,7 +76,7 @@ def list_output(archive: str, as_json: bool = False, quiet: bool = False) -> Out
         if as_json:
             return Output(to_json({"archive": archive, **info_to_dict(reader.info, reader.digest),
                                    "entries": [entry_to_dict(e) for e in reader.entries]}))
-        return Output(map(printable, table_lines(reader.info, reader.entries, archive)))
+        return Output(table_lines(reader.info, reader.entries, archive))  # escaped there, cell by cell
 
 
 def check_output(archive: str, target: list[str] | None = None, as_json: bool = False,
@@ -89,7 +89,7 @@ def check_output(archive: str, target: list[str] | None = None, as_json: bool = 
     code = 5 if report.verdicts and not report.usable_count else 6 if report.unusable_count else 0
     if as_json:
         return Output(to_json(check_to_dict(report, archive)), code=code)
-    return Output(None if quiet else map(printable, check_lines(report, archive)), code=code)
+    return Output(None if quiet else check_lines(report, archive), code=code)
 
 
 def pack_output(cache_dir: str | None = None, output: str = "kernels.tpack", level: int | None = None,

@@ -126,8 +126,8 @@ def _environment_line(report: CheckReport) -> str:
 
 
 def check_lines(report: CheckReport, archive: str) -> Iterator[str]:
-    """``tritonpack check``'s lines, made as they are written."""
-    yield from (archive, _environment_line(report), "")
+    """``tritonpack check``'s lines, each printable, made as they are written."""
+    yield from (printable(archive), printable(_environment_line(report)), "")
     if report.verdicts:
         statuses: dict[tuple, str] = {(): "ok"}  # entries share their mismatches' text: each made once
 
@@ -140,7 +140,7 @@ def check_lines(report: CheckReport, archive: str) -> Iterator[str]:
 
         yield from _table(["name", "target", "key", "will be used"], rows())
         yield ""
-    yield from report.lines()
+    yield from map(printable, report.lines())
     yield report.summary()
 
 
