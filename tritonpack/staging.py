@@ -49,7 +49,7 @@ from .cachedest import (
 from .errors import CacheError
 from .model import GROUP, Entry, manifest_name
 from .report import human_bytes
-from .tempfiles import NAMES_A_RUN, PREFIX, RunLock, clean_stale, remove_stage_dir
+from .tempfiles import NAMES_A_RUN, PREFIX, RunLock, clean_stale, remove_stage_dir, run_name
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -156,8 +156,7 @@ def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[
 
 def stage_path(prefixes: Sequence[str], number: int) -> str:
     """Staging directory ``number``'s path, from its token's prefix (``StageWriter.stage_prefixes``)."""
-    token, at = divmod(number, STAGE_DIRS_A_TOKEN)
-    return f"{prefixes[token]}{at:04x}"
+    return run_name(prefixes[number // STAGE_DIRS_A_TOKEN], number)
 
 
 KEY_DIRECTORY, NOT_STAGED = -1, -2  # in ``Destinations.numbers``, where a staging directory's number would be

@@ -33,6 +33,14 @@ PREFIX = "tmp.tpack."
 TEMP_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})([0-9a-f]{4})")
 LOCK_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})\.lock")
 NAMES_A_RUN = 0x10000  # temp names one run token gives (its 4 hex digits of counter), before they repeat
+
+
+def run_name(prefix: str, number: int) -> str:
+    """Name ``number`` of a run token's (``RunLock.prefix``): its four hex digits after the prefix, as ``TEMP_RE``
+    reads them. Temp files and staging directories alike."""
+    return f"{prefix}{number % NAMES_A_RUN:04x}"
+
+
 ORPHAN_AGE = 3600.0  # seconds after which an unlocked temp file is an orphan even if its pid is alive
 
 try:
@@ -105,7 +113,7 @@ class RunLock:
 
     def temp_name(self) -> str:
         """A fresh temp file name for this run (unique per directory with O_EXCL; the counter wraps harmlessly)."""
-        return f"{self.prefix()}{next(self._counter) % NAMES_A_RUN:04x}"
+        return run_name(self.prefix(), next(self._counter))
 
     def prefix(self) -> str:
         """What this run's temp names start with; four hex digits of a counter follow (``NAMES_A_RUN`` names)."""
@@ -266,4 +274,4 @@ def remove_stage_dir(path: str) -> int:
     return removed
 
 
-__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "TEMP_RE", "LOCK_RE", "PREFIX", "NAMES_A_RUN"]
+__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "run_name", "TEMP_RE", "LOCK_RE", "PREFIX", "NAMES_A_RUN"]
