@@ -144,19 +144,26 @@ class _Filling:
         self.file.close()
 
 
+def _temp_directory(monkeypatch, state: str) -> None:
+    """Temp files as a temp directory in ``state`` makes them: ``usable``, ``no temp file`` (read-only) or ``a temp
+    directory filling up``."""
+    real = tempfile.TemporaryFile
+
+    def made(*args, **kwargs):
+        if state == "no temp file":
+            raise OSError(errno.EROFS, "Read-only file system")
+        file = real(*args, **kwargs)
+        return file if state == "usable" else _Filling(file)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", made)
+
+
 @pytest.mark.parametrize("failing", ["no temp file", "a temp directory filling up"])
 def test_digests_stay_held_where_no_temp_file_takes_them(monkeypatch, failing):
     """A missing, read-only or full temp directory: the digests are held, those written already read back."""
     held = _decoded().blobs
     _spill_past_the_first_digest(monkeypatch)
-    real = tempfile.TemporaryFile
-
-    def made(*args, **kwargs):
-        if failing == "no temp file":
-            raise OSError(errno.EROFS, "Read-only file system")
-        return _Filling(real(*args, **kwargs))
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", made)
+    _temp_directory(monkeypatch, failing)
     blobs = _decoded().blobs
     assert isinstance(blobs.digests, bytes) and blobs == held
 
@@ -169,15 +176,7 @@ def test_a_writers_digests_past_the_first_go_to_a_temp_file(monkeypatch, temp_di
 
     from tritonpack.archive import writer
 
-    real = tempfile.TemporaryFile
-
-    def made(*args, **kwargs):
-        if temp_dir == "no temp file":
-            raise OSError(errno.EROFS, "Read-only file system")
-        file = real(*args, **kwargs)
-        return file if temp_dir == "usable" else _Filling(file)
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", made)
+    _temp_directory(monkeypatch, temp_dir)
     monkeypatch.setattr(writer, "HELD_DIGESTS", 2)
     blobs = writer._Blobs(files=100)
     digests = [hashlib.sha256(bytes([n])).digest() for n in range(100)]
