@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -207,6 +208,19 @@ def test_plain_commands_import_neither_typer_nor_dataclasses(command, archive, t
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("form", [["list", "{a}"], ["list", "--", "{a}"]], ids=["quick", "typer"])
+def test_a_reader_that_leaves_early_ends_the_listing_without_a_traceback(form):
+    """``tritonpack list big.tpack | head``: exit 1 (click's choice, which the quick path follows) and nothing on
+    stderr. The pipe's reader is closed before the child starts to write (it takes 40 ms to start)."""
+    archive = Path(__file__).parent.parent / "fixtures" / "torch-max-autotune-h200-triton36.tpack"
+    argv = [word.format(a=archive) for word in form]
+    child = subprocess.Popen([sys.executable, "-m", "tritonpack", *argv], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert (child.wait(), err) == (1, "")
 
 
 def test_shell_completion(tmp_path):

@@ -20,7 +20,7 @@ from .commands import (
     show,
     unpack_output,
 )
-from .entry import exit_code
+from .entry import closed_pipe, exit_code
 from .errors import TpackError, UsageError
 
 # typer bundles its own click (0.2x) or uses click's; reach the exception classes through its public BadParameter.
@@ -375,4 +375,6 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, typer.Abort):
         print_error("error: interrupted")
         return 130
+    except BrokenPipeError:
+        return closed_pipe()
     return result if isinstance(result, int) else 0

@@ -37,6 +37,17 @@ def exit_code(error: TpackError) -> int:
     return next(code for cls, code in EXIT_CODES if isinstance(error, cls))
 
 
+def closed_pipe() -> int:
+    """Standard output's reader has gone (``tritonpack list big.tpack | head``): the rest is not wanted, and no
+    traceback is. Standard output now points at the null device, so the last flush cannot raise again. Exit 1, as
+    click exits in the typer CLI when a command's output meets a closed pipe."""
+    import os
+
+    with open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), sys.stdout.fileno())
+    return 1
+
+
 FLAG, VALUE, VALUES, INT = "flag", "value", "values", "int"
 _OUTPUT = {"--json": ("as_json", FLAG), "-q": ("quiet", FLAG), "--quiet": ("quiet", FLAG)}
 _SELECT = {"--arch": ("arch", VALUES), "--kernel": ("kernel", VALUES), "--binary-only": ("binary_only", FLAG)}
@@ -112,6 +123,8 @@ def run_quick(argv: list[str]) -> int | None:
     except TpackError as e:
         commands.print_error(f"error: {e}")
         return exit_code(e)
+    except BrokenPipeError:
+        return closed_pipe()
     except KeyboardInterrupt:
         commands.print_error("error: interrupted")
         return 130
