@@ -302,7 +302,7 @@ class IndexEncoding:
         self._tail = FileSpan(spill, start, spill.tell() - start)
 
     def parts(self, table: bytes) -> list:
-        """The index with this block table (msgpack, ``block_table``), as consecutive parts: for ``check_index``,
+        """The index with this block table (``block_table``'s bytes), as consecutive parts: for ``check_index``,
         which reads them without joining them."""
         return [self.head, table, self._tail]
 
@@ -338,7 +338,9 @@ class FileSpan:
         return os.pread(self._fd, 1, self._start + at)[0]
 
 
-def block_table(blocks) -> list[dict]:
+def block_table(blocks) -> bytes:
+    """The index's ``blocks`` array as msgpack: encoded apart from the rest, which a writer encodes before the
+    blocks' offsets are known (``IndexEncoding``)."""
     table = []
     for b in blocks:
         fields = {"codec": b.codec, "offset": b.offset, "length": b.length, "size": b.size}
@@ -346,7 +348,7 @@ def block_table(blocks) -> list[dict]:
             fields["splices"] = [[s.at, s.source, s.source_size, s.length, s.blanks, [list(r) for r in s.replacements]]
                                  for s in b.splices]
         table.append(fields)
-    return table
+    return msgpack.packb(table, use_bin_type=True)
 
 
 # ---- decoding (hostile input) ----

@@ -359,7 +359,7 @@ def write_archive(
         raise CacheError(f"cannot create the archive: {e.strerror}", path) from e
     try:
         with os.fdopen(fd, "wb") as out:
-            result = _write(out, path, entries, info, level, block_size, threads or cores(), on_file,
+            result = _write(out, path, directory, entries, info, level, block_size, threads or cores(), on_file,
                             splice_ptx, helpers)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
@@ -466,8 +466,8 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
         yield batch
 
 
-def _write(out, path, entries, info, level, block_size, threads, on_file, splice_ptx, helpers) -> WriteResult:
-    directory = os.path.dirname(os.path.abspath(path))
+def _write(out, path, directory, entries, info, level, block_size, threads, on_file, splice_ptx,
+           helpers) -> WriteResult:
     if isinstance(entries, (list, tuple)):  # objects, sorted at no cost; a large scan's packed ones come sorted
         entries = sorted(entries, key=index_order)
     units = _layout_order(entries, block_size if splice_ptx else 0)
@@ -621,7 +621,7 @@ def _write(out, path, entries, info, level, block_size, threads, on_file, splice
             if buffers <= FEWEST_BUFFERS:
                 settle(0)
                 encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
-                table = msgpack.packb(block_table(blocks), use_bin_type=True)
+                table = block_table(blocks)
                 check_index(encoding.parts(table), path, info.format_version)
             else:
                 encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
@@ -629,13 +629,12 @@ def _write(out, path, entries, info, level, block_size, threads, on_file, splice
                 stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
                 # Never write what a reader would reject. The real table differs from the stand-in only in offsets
                 # and lengths, which this function sets, in order, from the blocks it writes.
-                check_index(encoding.parts(msgpack.packb(block_table(stand_in), use_bin_type=True)), path,
-                            info.format_version)
+                check_index(encoding.parts(block_table(stand_in)), path, info.format_version)
                 settle(0)
                 if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
                     raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)",
                                        path)
-                table = msgpack.packb(block_table(blocks), use_bin_type=True)
+                table = block_table(blocks)
                 if any(b.splices for b in blocks):  # found as blocks compressed, after the stand-in's check
                     decode_blocks(msgpack.unpackb(table), path)
             index_size = encoding.size(table)
