@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import RecordError, UsageError
-from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order
+from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order, manifest_name
 from .report import count_words, human_bytes, kind_counts, plural
 
 HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
@@ -125,7 +125,7 @@ class Selection:
 def _reason(scan_skipped: list[Skipped], key: str, name: str) -> str:
     """Why a used entry is not in the scan: the scanner's own reason for that file or key, if it gave one."""
     for s in scan_skipped:
-        if s.path in (key, f"{key}/{name}", f"{key}/__grp__{name}.json"):
+        if s.path in (key, f"{key}/{name}", f"{key}/{manifest_name(name)}"):
             return s.reason
     for s in scan_skipped:
         if s.path.startswith(f"{key}/"):

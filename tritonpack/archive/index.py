@@ -898,7 +898,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool
         if known is not None:
             name = known
         else:
-            if not valid_file_name(name) or (kind == GROUP and not valid_file_name(f"__grp__{name}.json")):
+            if not valid_file_name(name) or (kind == GROUP and not valid_file_name(manifest_name(name))):
                 raise ArchiveError(f"index: entries[{n}] has an invalid name {name!r}", path)
             if kind == GROUP:
                 group_names[name] = name
@@ -944,7 +944,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool
         if kind == GROUP:
             if f"{name}.json" not in names:
                 raise ArchiveError(f"index: entries[{n}] has no kernel metadata {name}.json", path)
-            names.add(f"__grp__{name}.json")
+            names.add(manifest_name(name))
         taken = claimed.get(key)
         if taken is None:  # a tuple: a set an entry took 0.7 KB while the index decodes (15 MB for 23,000 groups)
             claimed[key] = tuple(names)
