@@ -151,6 +151,38 @@ def test_index_value_budget(tmp_path, capsys, monkeypatch):
     assert "index holds more than 5000 values" in err
 
 
+def test_an_honest_index_past_the_limit_names_the_limit_and_how_to_raise_it(tmp_path, compiled_root, capsys,
+                                                                               monkeypatch):
+    """One array longer than the limit (the blobs) is past it, not invalid msgpack: a real archive of a large cache
+    meets it. The same archive reads once the limit is raised."""
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    with tritonpack.open(archive) as reader:
+        blobs = len(reader.index.blobs)
+    for limit in (blobs - 1, blobs + 10):  # the blobs alone, then all the values
+        monkeypatch.setenv(limits.ENV_MAX_INDEX_VALUES, str(limit))
+        code, _, err = run_cli(capsys, "list", archive)
+        assert_one_line_error(err, archive, code, 3)
+        assert err.endswith(f"index holds more than {limit} values, the reader's limit "
+                            f"(set {limits.ENV_MAX_INDEX_VALUES} to raise it)\n"), err
+    monkeypatch.setenv(limits.ENV_MAX_INDEX_VALUES, str(100 * blobs))
+    assert run_cli(capsys, "list", archive)[0] == 0
+
+
+@pytest.mark.parametrize("variable", [limits.ENV_MAX_INDEX_VALUES, limits.ENV_MAX_UNPACK_BYTES])
+def test_pack_refuses_an_archive_past_a_readers_limit_and_says_how_to_write_less(tmp_path, compiled_root, capsys,
+                                                                                monkeypatch, variable):
+    """Never write what a reader would refuse; an archive that was there stays, and no temp file is left."""
+    archive = tmp_path / "k.tpack"
+    archive.write_bytes(b"an earlier archive")
+    monkeypatch.setenv(variable, "1000")
+    code, _, err = run_cli(capsys, "pack", compiled_root, "-o", archive)
+    assert_one_line_error(err, archive, code, 3)
+    assert f"more than a reader {'accepts' if 'VALUES' in variable else 'unpacks'}" in err and variable in err
+    assert "write part of it (--arch, --kernel; pack --since)" in err
+    assert archive.read_bytes() == b"an earlier archive" and os.listdir(tmp_path) == ["k.tpack"]
+
+
 @pytest.mark.parametrize("order", ["reversed", "entries-first", "unknown-keys-between"])
 def test_an_index_in_another_key_order_reads_the_same(tmp_path, order):
     """A writer's order lets a reader take blobs and entries one by one as msgpack reads them; any other order is

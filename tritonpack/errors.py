@@ -29,6 +29,11 @@ class UnsupportedFormatError(ArchiveError):
     """A valid archive of a format major version this tritonpack cannot read."""
 
 
+class ReaderLimitError(ArchiveError):
+    """A valid archive past one of a reader's limits against hostile input (spec §7): refused unless the limit
+    is raised where it is read; a writer refuses to write one."""
+
+
 class IntegrityError(ArchiveError):
     """Stored bytes do not match their recorded sha256."""
 

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import msgpack
 
-from ..errors import ArchiveError
+from ..errors import ArchiveError, ReaderLimitError
 from ..model import (
     AUTOTUNE,
     FILE,
@@ -38,7 +38,7 @@ from ..model import (
     names_of,
 )
 from .format import MAX_BLOCK_SIZE, MAX_NAME_BYTES
-from .limits import IndexBudget, IndexTooLarge
+from .limits import ENV_MAX_INDEX_VALUES, IndexBudget, IndexTooLarge
 from .splice import Splice
 
 CODEC_ZSTD = "zstd"
@@ -689,14 +689,22 @@ def _unpacked(read, path: str):
     except ArchiveError:  # from an ``IndexStream`` that msgpack reads
         raise
     except IndexTooLarge as e:
-        raise ArchiveError(f"index holds more than {e.args[0]} values (reader limit)", path) from None
+        raise _past_value_limit(e.args[0], path) from None
     except Exception as e:
         raise ArchiveError(f"index is not valid msgpack ({type(e).__name__})", path) from None
 
 
+def _past_value_limit(limit: int, path: str) -> ReaderLimitError:
+    return ReaderLimitError(f"index holds more than {limit} values, the reader's limit (set {ENV_MAX_INDEX_VALUES} "
+                            "to raise it)", path)
+
+
 def _spend_header(budget: IndexBudget, count: int, cost: int, path: str) -> None:
     """A map's or array's length, read by hand: refused past the length msgpack's own limit allows, and spent for
-    as its hooks would have."""
+    as its hooks would have. A length past the limit is past the values it allows (an array costs one more than
+    its length); one past the index's bytes, under the limit, cannot be (each element takes a byte at least)."""
+    if count > budget.limit:
+        raise _past_value_limit(budget.limit, path)
     if count > budget.most:
         raise ArchiveError("index is not valid msgpack (ValueError)", path)
     if budget.counted:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ArchiveError
+from ..errors import ArchiveError, ReaderLimitError
 
 MAX_RATIO = 1000
 RATIO_FLOOR = 1 << 20
@@ -52,7 +52,7 @@ def check_expansion(index, path: str) -> None:
     limit = max_unpack_bytes()
     files = sum(e.size for e in index.entries)
     if files > limit:
-        raise ArchiveError(f"entries expand to {files} bytes, more than the limit of {limit} "
+        raise ReaderLimitError(f"entries expand to {files} bytes, more than the limit of {limit} "
                            f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
 
 
@@ -61,7 +61,7 @@ def check_block_expansion(blocks, path: str) -> None:
     limit = max_unpack_bytes()
     total = sum(block.size for block in blocks)
     if total > limit:
-        raise ArchiveError(f"blocks expand to {total} bytes, more than the limit of {limit} "
+        raise ReaderLimitError(f"blocks expand to {total} bytes, more than the limit of {limit} "
                            f"(set {ENV_MAX_UNPACK_BYTES} to raise it)", path)
 
 

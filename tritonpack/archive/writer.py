@@ -20,9 +20,9 @@ from typing import NamedTuple, Protocol
 import msgpack
 import zstandard
 
-from ..errors import ArchiveError, CacheError, UsageError
+from ..errors import ArchiveError, CacheError, ReaderLimitError, UsageError
 from ..forking import cores, fork_safe, private_map
-from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, index_order, names_of, sizes_of
+from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, index_order, names_of, sizes_of, total_size
 from . import splice
 from .format import (
     DEFAULT_LEVEL,
@@ -47,6 +47,7 @@ from .index import (
     check_index,
     decode_blocks,
 )
+from .limits import ENV_MAX_INDEX_VALUES, ENV_MAX_UNPACK_BYTES, max_index_values, max_unpack_bytes
 
 BLOCK_SIZE = 32 * 1024 * 1024  # a window that spans many alike files, small enough to decode in parallel
 MAX_WINDOW_LOG = 25  # 32 MiB: zstd decoders accept up to 2^27 by default
@@ -371,6 +372,19 @@ def write_archive(
             os.unlink(tmp)
 
 
+_NARROW = "write part of it (--arch, --kernel; pack --since), or raise that limit here and where it is read"
+
+
+def _check_written(parts: list, path: str, version: tuple[int, int]) -> None:
+    """Never write what a reader would reject. An index past a reader's limit is an honest cache too large for one
+    archive at that limit, so the error says how to write less."""
+    try:
+        check_index(parts, path, version)
+    except ReaderLimitError:
+        raise ReaderLimitError(f"the index would hold more than {max_index_values()} values, more than a reader "
+                               f"accepts ({ENV_MAX_INDEX_VALUES}): {_NARROW}", path) from None
+
+
 def forked_helpers(threads: int | None = None) -> BlockHelpers | None:
     """Helpers for a pack of a cache root, with its block buffers, where there are four cores or more and a fork
     is safe (``forking.fork_safe``); None elsewhere. Made before the scan: the helpers fork small."""
@@ -476,7 +490,14 @@ def _write(out, path, directory, entries, info, level, block_size, threads, on_f
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     blocks: list[Block] = []
-    file_blobs = FileBlobs.unset(len(e.files) for e in entries)  # all set below
+    counts, total = [], 0  # a large scan's entries are made again each time they are read: one pass
+    for e in entries:
+        counts.append(len(e.files))
+        total += total_size(e.files)
+    if total > max_unpack_bytes():
+        raise ReaderLimitError(f"the files add up to {total} bytes, more than a reader unpacks ({max_unpack_bytes()}, "
+                               f"{ENV_MAX_UNPACK_BYTES}): {_NARROW}", path)
+    file_blobs = FileBlobs.unset(counts)  # all set below
     first, file_blob = file_blobs.starts, file_blobs.blobs  # entry i's file j has file_blob[first[i] + j]
     files = len(file_blob)
     blobs = _Blobs(files)
@@ -622,14 +643,14 @@ def _write(out, path, directory, entries, info, level, block_size, threads, on_f
                 settle(0)
                 encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
                 table = block_table(blocks)
-                check_index(encoding.parts(table), path, info.format_version)
+                _check_written(encoding.parts(table), path, info.format_version)
             else:
                 encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
                 sizes = [b.size for b in blocks] + [item[1] for item in pending]
                 stand_in = [Block(offset=HEADER_SIZE + n, length=1, size=size) for n, size in enumerate(sizes)]
                 # Never write what a reader would reject. The real table differs from the stand-in only in offsets
                 # and lengths, which this function sets, in order, from the blocks it writes.
-                check_index(encoding.parts(block_table(stand_in)), path, info.format_version)
+                _check_written(encoding.parts(block_table(stand_in)), path, info.format_version)
                 settle(0)
                 if [b.size for b in blocks] != sizes:  # the table the stand-in stood for, or no archive
                     raise ArchiveError("the blocks written are not the blocks the index describes (a writer bug)",
