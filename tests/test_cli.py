@@ -223,6 +223,34 @@ def test_a_reader_that_leaves_early_ends_the_listing_without_a_traceback(form):
     assert (child.wait(), err) == (1, "")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("form", [["list", "{a}"], ["list", "--", "{a}"], ["--help"]], ids=["quick", "typer", "help"])
+def test_a_full_standard_output_is_one_line_of_error(form):
+    archive = Path(__file__).parent.parent / "fixtures" / "torch-max-autotune-h200-triton36.tpack"
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "tritonpack", *[w.format(a=archive) for w in form]],
+                             stdout=full, stderr=subprocess.PIPE, text=True)
+    assert (out.returncode, out.stderr) == (1, "error: standard output: cannot write: No space left on device\n")
+
+
+def test_closed_standard_streams_change_no_answer(archive, tmp_path):
+    """Started with standard output or error closed (``>&-``, ``2>&-``): what was not asked for is not missed;
+    output that was asked for is an error, on whatever is left."""
+    def run_closed(fds, *args):
+        closing = lambda: [os.close(fd) for fd in fds]  # noqa: E731
+        return subprocess.run([sys.executable, "-m", "tritonpack", *map(str, args)], preexec_fn=closing,
+                              stdout=None if 1 in fds else subprocess.PIPE,
+                              stderr=None if 2 in fds else subprocess.PIPE, text=True)
+
+    assert run_closed([1], "list", archive, "-q").returncode == 0
+    verdict = run("check", archive, "--target", "cuda:75", "-q").returncode
+    assert verdict != 0 and run_closed([1], "check", archive, "--target", "cuda:75", "-q").returncode == verdict
+    assert run_closed([2], "unpack", archive, "--cache-dir", tmp_path / "r", "--target", "cuda:90").returncode == 0
+    assert run_closed([1, 2], "pack", tmp_path / "r", "-o", tmp_path / "k.tpack", "-q").returncode == 0
+    out = run_closed([1], "list", archive)
+    assert (out.returncode, out.stderr) == (1, "error: standard output: cannot write: it is closed\n")
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

@@ -11,6 +11,7 @@ import typer
 from . import __version__, api
 from .archive.format import DEFAULT_LEVEL
 from .commands import (
+    STDOUT,
     check_output,
     list_output,
     pack_output,
@@ -42,7 +43,7 @@ app = typer.Typer(
 def _progress(enabled: bool, label: str):
     """A progress bar on a terminal for long work; nothing otherwise. Redrawn by the updates, at most every 0.1 s,
     not by rich's refresh thread: unpack forks its worker processes only when no other thread runs."""
-    if not (enabled and sys.stderr.isatty()):
+    if not (enabled and sys.stderr is not None and sys.stderr.isatty()):
         yield None
         return
     import time
@@ -377,4 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return closed_pipe()
+    except OSError as e:  # typer's help or click's echo on a full or failing standard output (``> /dev/full``);
+        # tritonpack's own commands raise TpackError for the files they name
+        print_error(f"error: {e.filename or STDOUT}: {'' if e.filename else 'cannot write: '}{e.strerror or e}")
+        return 1
     return result if isinstance(result, int) else 0

@@ -2,11 +2,12 @@
 (``entry.py``), so that both print exactly the same. No typer here: importing it costs 0.1 s."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from .errors import UsageError
+from .errors import TpackError, UsageError
 from .safetext import printable
 from .selection import Selection, parse_since
 
@@ -23,17 +24,33 @@ def show(output: Output) -> int:
     for line in output.err:
         print_error(line)
     if output.out is not None:
-        write = sys.stdout.write
-        for line in (output.out,) if isinstance(output.out, str) else output.out:
-            write(line + "\n")
-        sys.stdout.flush()
+        stdout = sys.stdout
+        if stdout is None:  # started with standard output closed (``>&-``)
+            raise TpackError("cannot write: it is closed", STDOUT)
+        write = stdout.write
+        try:
+            for line in (output.out,) if isinstance(output.out, str) else output.out:
+                write(line + "\n")
+            stdout.flush()
+        except BrokenPipeError:  # its reader has gone: the entry point ends quietly
+            raise
+        except OSError as e:  # a full disk (``> /dev/full``), a quota, an I/O error
+            raise TpackError(f"cannot write: {e.strerror or e}", STDOUT) from None
     return output.code
 
 
+STDOUT = "standard output"
+
+
 def print_error(line: str) -> None:
-    """One line on stderr: names come from archives, so no line breaks and no terminal escapes."""
-    sys.stderr.write(printable(line) + "\n")
-    sys.stderr.flush()
+    """One line on stderr: names come from archives, so no line breaks and no terminal escapes. Nowhere to
+    write when standard error was closed (``2>&-``), or cannot be written: the exit status still says it."""
+    stderr = sys.stderr
+    if stderr is None:
+        return
+    with contextlib.suppress(OSError):
+        stderr.write(printable(line) + "\n")
+        stderr.flush()
 
 
 def to_json(doc) -> str:

@@ -112,7 +112,8 @@ def run_quick(argv: list[str]) -> int | None:
     if parsed is None:
         return None
     command, params = parsed
-    if command in ("pack", "unpack") and sys.stderr.isatty() and not (params.get("quiet") or params.get("as_json")):
+    terminal = sys.stderr is not None and sys.stderr.isatty()  # None: started with standard error closed
+    if command in ("pack", "unpack") and terminal and not (params.get("quiet") or params.get("as_json")):
         return None
     body = {"list": commands.list_output, "check": commands.check_output, "pack": commands.pack_output,
             "unpack": commands.unpack_output}[command]
@@ -157,6 +158,6 @@ def run() -> None:
     import os
 
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: its output is lost either way
-            stream.flush()
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a closed pipe or stream (None when
+            stream.flush()  # it was closed at start): its output is lost either way
     os._exit(code)
