@@ -135,6 +135,14 @@ def test_connection_refused_is_one_line(capsys):
     assert err.startswith(f"error: {url}: cannot connect to 127.0.0.1:") and err.count("\n") == 1, err
 
 
+def test_backends_that_fail_as_they_are_made_are_one_line(big, capsys):
+    """fsspec's ftp:// connects, and a chained zip:// reads its container, before the first read."""
+    for url, message in [(f"ftp://127.0.0.1:{free_port()}/k.tpack", "cannot connect: Connection refused"),
+                         (f"zip://k.tpack::file://{big}", "BadZipFile: File is not a zip file")]:
+        assert main(["list", url]) == 7
+        assert capsys.readouterr().err == f"error: {url}: {message}\n"
+
+
 def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
     assert main(["list", "nosuchscheme://x/k.tpack"]) == 2
     assert "unknown URL scheme nosuchscheme://" in capsys.readouterr().err

@@ -101,6 +101,8 @@ def _describe(error: BaseException) -> str:
         return f"cannot connect to{where}: {cause.strerror}"
     if isinstance(error, TimeoutError) or type(error).__name__ in ("TimeoutError", "ServerTimeoutError"):
         return "timed out"
+    if isinstance(error, ConnectionError) and error.strerror:
+        return f"cannot connect: {error.strerror}"
     text = " ".join(str(error).split()) or type(error).__name__
     return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
 
@@ -138,6 +140,8 @@ class FsspecSource:
             if "Protocol not known" in str(e):
                 raise UsageError(f"unknown URL scheme {scheme}://", url) from None
             raise UsageError(_describe(e), url) from None
+        except Exception as e:  # a backend that connects as it is made (ftp://, github://) or reads a chained
+            raise RemoteError(_describe(e), url) from None  # URL's container (zip://...::file://...)
         self._http = scheme in _HTTP
 
     def _call(self, fn, *args):
