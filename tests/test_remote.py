@@ -111,6 +111,19 @@ def test_unpack_from_url_fetches_needed_blocks_and_hits_like_local(big, log, tmp
     assert snapshot(from_url) == before, "a cache hit writes nothing"
 
 
+def test_ensure_from_a_url_reads_two_ranges_once_done(big, log, tmp_path, capsys):
+    """As for a path: the first call unpacks; a later one reads the header and the trailer, and the stamp."""
+    url, root = f"{log.url}/big.tpack", tmp_path / "cache"
+    first = tritonpack.ensure(url, root)
+    assert first.status == "unpacked" and first.written == first.entries - 1
+    log.reset_log()
+    again = tritonpack.ensure(url, root)
+    assert (again.status, again.digest) == ("present", first.digest)
+    assert [r for *_, r in log.requests()] == [f"bytes=-{TRAILER_SIZE}", f"bytes=0-{HEADER_SIZE - 1}"]
+    assert main(["ensure", "oci://localhost:5000/kernels:v1", "--cache-dir", str(root)]) == 2
+    assert "pull it once (tritonpack pull), then ensure the file" in capsys.readouterr().err
+
+
 def test_file_url_reads_locally(big, capsys):
     assert main(["list", big.as_uri()]) == 0
     assert FOREIGN_STUB in capsys.readouterr().out

@@ -258,7 +258,8 @@ def pull(
 
 @app.command()
 def ensure(
-    archive: str = typer.Argument(..., help="The .tpack archive."),
+    archive: str = typer.Argument(..., help="The .tpack archive: a path or a URL (https://, s3://, hf://, "
+                                            "file://); an oci:// reference is pulled first (tritonpack pull)."),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "

@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 from . import __version__
 from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
-from .archive.source import LocalFile
 from .cacheroot import TOOL_DIR as STAMP_DIR
-from .errors import ArchiveError, CacheError, IncompatibleError
+from .errors import ArchiveError, CacheError, IncompatibleError, UsageError
 from .model import GROUP, manifest_name
 from .report import plural
 from .triton_env import default_cache_dir
@@ -81,8 +80,14 @@ class EnsureResult:
 
 
 def archive_digest(path: str) -> str:
-    """The archive digest from the header and trailer alone (80 bytes read), as ``ArchiveReader.digest``."""
-    source = LocalFile(path)
+    """The archive digest from the header and trailer alone (80 bytes read, two range requests for a URL), as
+    ``ArchiveReader.digest``. Not of an ``oci://`` reference: that is pulled whole to be read, at every call."""
+    from .remote import open_source, scheme_of
+
+    if scheme_of(path) == "oci":
+        raise UsageError("ensure reads an archive's 80-byte digest at every call, which an oci:// reference "
+                         "would pull whole: pull it once (tritonpack pull), then ensure the file", path)
+    source = open_source(path)
     try:
         size = source.size()
         parse_header(source.read_at(0, HEADER_SIZE), source.name)
@@ -196,7 +201,7 @@ def _exclusive(directory: str):
 def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
             processes: bool) -> tuple[EnsureResult, list[str]]:
     from .api import check, unpack
-    from .archive.reader import ArchiveReader
+    from .api import open as open_archive
 
     try:
         result = unpack(archive, root, targets=targets, processes=processes)
@@ -204,7 +209,7 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
         report = check(archive, targets=targets)
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
                             not_used=report.reasons(), unchecked=report.unchecked), []
-    with ArchiveReader(archive) as reader:
+    with open_archive(archive) as reader:
         markers = [os.path.join(e.key, manifest_name(e.name) if e.kind == GROUP else e.name) for e in reader.entries]
     markers = [m for m in markers if os.path.exists(os.path.join(root, m))]
     usable = result.entries - result.not_used_entries
