@@ -251,6 +251,18 @@ def test_closed_standard_streams_change_no_answer(archive, tmp_path):
     assert (out.returncode, out.stderr) == (1, "error: standard output: cannot write: it is closed\n")
 
 
+@pytest.mark.parametrize("argv", [["pack", ""], ["unpack", "{a}", "--cache-dir", ""], ["verify", ""],
+                                  ["relocate", ""], ["ensure", "{a}", "--cache-dir", ""], ["list", ""]],
+                         ids=["pack", "unpack", "verify", "relocate", "ensure", "list"])
+def test_an_empty_path_is_refused_not_taken_as_the_current_directory(argv, archive, tmp_path, monkeypatch, capsys):
+    """What ``--cache-dir "$ROOT"`` gives when ROOT is unset: never the current directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main([word.format(a=archive) for word in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the ") and "is empty (an unset variable?)" in err and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["gpu.tpack"]
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

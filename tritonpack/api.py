@@ -16,7 +16,7 @@ from .errors import CacheError, IncompatibleError, UsageError
 from .model import ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
 from .selection import EVERYTHING, Selection
-from .triton_env import default_cache_dir
+from .triton_env import cache_root
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
     from .compat import CheckReport, Environment
@@ -100,7 +100,7 @@ def pack(
     from .triton_env import python_info
 
     start = time.perf_counter()
-    root = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
     _refuse_output_inside(root, output)
@@ -221,7 +221,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
 
 
 def _resolve_root(cache_dir) -> str:
-    root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
+    root = os.path.abspath(cache_root(cache_dir))
     if os.path.exists(root) and not os.path.isdir(root):
         raise UsageError("cache directory is not a directory", root)
     return root

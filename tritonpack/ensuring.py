@@ -33,7 +33,7 @@ from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, UsageError
 from .model import GROUP, manifest_name
 from .report import plural
-from .triton_env import default_cache_dir
+from .triton_env import cache_root
 
 STAMP_VERSION = 1
 UNPACKED = "unpacked"  # this call ran the unpack
@@ -246,7 +246,7 @@ def ensure(
     """
     start = time.perf_counter()
     path = os.fspath(archive)
-    root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
+    root = os.path.abspath(cache_root(cache_dir))
     digest = archive_digest(path)
     stamp_dir = os.path.join(root, STAMP_DIR)
     stamp = os.path.join(stamp_dir, f"ensure-{digest[:32]}-{environment_key(targets)[:32]}.json")

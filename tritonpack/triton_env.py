@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 
+from .errors import UsageError
 from .model import PythonInfo, TritonInfo
 
 
@@ -24,6 +25,17 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
         return explicit
     home = env.get("TRITON_HOME") or os.path.expanduser("~")
     return os.path.join(home, ".triton", "cache")
+
+
+def cache_root(cache_dir: str | os.PathLike | None) -> str:
+    """The cache root a command was given, or Triton's own when none was. An empty one is refused, never taken
+    as the current directory: it is what an unset variable gives (``--cache-dir "$ROOT"``)."""
+    if cache_dir is None:
+        return default_cache_dir()
+    root = os.fspath(cache_dir)
+    if not root.strip():
+        raise UsageError("the cache directory given is empty (an unset variable?); leave it out for Triton's own")
+    return root
 
 
 def python_info() -> PythonInfo:

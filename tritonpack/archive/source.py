@@ -26,6 +26,8 @@ class LocalFile:
 
     def __init__(self, path: str | os.PathLike):
         self.name = os.fspath(path)
+        if not self.name.strip():
+            raise UsageError("the archive's path given is empty (an unset variable?)")
         try:
             # Non-blocking, so that a FIFO named as the archive cannot hang the open; only a regular file can be
             # read by offset.
