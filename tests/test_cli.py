@@ -280,7 +280,7 @@ def test_skipped_paths_are_objects_in_json():
     from tritonpack.report import PackResult
 
     skipped = [Skipped("k/x.tmp.1", "temporary file of an unfinished write")]
-    pack = PackResult("a.tpack", "/root", {"group": 0}, 0, 0, 0, 0, 0.0, skipped, 0, None)
+    pack = PackResult("a.tpack", "/root", {"group": 0}, 0, 0, 0, 0, 0.0, skipped, 0, 0, 0, None)
     record = RecordResult("a.tpack", ["true"], 0, [], {"group": 0}, [], skipped, 0, 0, 0, 0, 0.0, 0.0, 0)
     expected = [{"path": "k/x.tmp.1", "reason": "temporary file of an unfinished write"}]
     assert json.loads(json.dumps(pack.to_dict()))["skipped"] == expected

@@ -67,6 +67,53 @@ def test_pack_filters(tmp_path, compiled_root):
         assert all(len(e.files) == 2 for e in reader.entries)
 
 
+def test_what_the_filters_leave_out_is_counted_and_said(tmp_path, compiled_root, archive, capsys):
+    from tritonpack.cli import main
+
+    groups = len(SOURCES) * len(targets())
+    result = tritonpack.pack(compiled_root, tmp_path / "p.tpack", selection=Selection(archs=("cuda:80",)))
+    assert (result.entries["group"], result.not_selected) == (len(SOURCES), groups - len(SOURCES))
+    assert f"left out {groups - len(SOURCES)} entries that --arch or --kernel does not select" in result.notes()
+    result = tritonpack.unpack(archive, tmp_path / "root", selection=Selection(kernels=("soft*",)))
+    assert result.not_selected == groups - len(targets())
+    assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "r2"), "--arch", "90", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["not_selected"] == groups - len(SOURCES)
+
+
+@pytest.mark.parametrize("value", ["foo", "", "cuda:gfx90a", "sm_90"])
+def test_an_arch_that_selects_nothing_by_its_form_is_refused(tmp_path, compiled_root, capsys, value):
+    assert main_exit(["pack", str(compiled_root), "-o", str(tmp_path / "k.tpack"), "--arch", value]) == 2
+    assert capsys.readouterr().err == f"error: --arch takes cuda:90, hip:gfx942, or just 90 or gfx942, not {value!r}\n"
+    assert not (tmp_path / "k.tpack").exists()
+
+
+def test_archs_may_be_given_as_one_list(tmp_path, compiled_root):
+    assert main_exit(["pack", str(compiled_root), "-o", str(tmp_path / "a.tpack"), "--arch", "cuda:80,90"]) == 0
+    assert main_exit(["pack", str(compiled_root), "-o", str(tmp_path / "b.tpack"), "--arch", "80", "--arch",
+                      "cuda:90"]) == 0
+    for name in ("a.tpack", "b.tpack"):
+        with tritonpack.open(tmp_path / name) as reader:
+            assert {e.target for e in reader.entries if e.kernel} == {"cuda:80", "cuda:90"}
+
+
+def test_a_pack_of_nothing_is_an_error_not_an_empty_archive(tmp_path, compiled_root, capsys):
+    import shutil
+
+    above = tmp_path / "triton"  # ~/.triton where ~/.triton/cache was meant
+    shutil.copytree(compiled_root, above / "cache")
+    (tmp_path / "empty").mkdir()
+    out = str(tmp_path / "k.tpack")
+    assert main_exit(["pack", str(above), "-o", out]) == 4
+    assert capsys.readouterr().err == f"error: {above}: no Triton cache entry here; is the cache root {above}/cache?\n"
+    assert main_exit(["pack", str(tmp_path / "empty"), "-o", out]) == 4
+    assert "no Triton cache entry here" in capsys.readouterr().err
+    assert main_exit(["pack", str(above / "cache"), "-o", out, "--since", "2099-01-01"]) == 2
+    assert "nothing to pack: " in capsys.readouterr().err
+    assert main_exit(["pack", str(above / "cache"), "-o", out, "--kernel", "no_such_*"]) == 2
+    assert "not selected by --arch or --kernel" in capsys.readouterr().err
+    assert not (tmp_path / "k.tpack").exists()
+
+
 def test_pack_since(tmp_path, compiled_root):
     import os
     import shutil

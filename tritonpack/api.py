@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
-from .errors import CacheError, IncompatibleError, UsageError
+from .errors import CacheError, IncompatibleError, TpackError, UsageError
 from .model import ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
 from .selection import EVERYTHING, Selection
@@ -107,11 +107,18 @@ def pack(
     helpers = forked_helpers() if processes else None  # forked first, while this process is small
     with helpers if helpers is not None else contextlib.nullcontext():
         scan = scan_cache(root, processes=processes)
+        found = len(scan.entries)
+        if not found:
+            raise _nothing_found(root, scan.skipped)
         if since is not None:
             scan.keep(lambda e: e if _newest(e) >= since else None)
+        not_since = found - len(scan.entries)
         if not selection.everything:
             scan.keep(lambda e: e._replace(files=files_subset(e.files, selection.file_indices(e)))
                       if selection.wants(e) else None)
+        not_selected = found - not_since - len(scan.entries)
+        if not scan.entries:
+            raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found)", root)
         targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
         for e in scan.entries:  # made again each time they are read: packedentries)
             kernel = e.kernel
@@ -138,11 +145,34 @@ def pack(
         bytes_out=written.bytes_out,
         seconds=time.perf_counter() - start,
         skipped=scan.skipped,
+        not_since=not_since,
+        not_selected=not_selected,
         foreign_manifests=foreign,
         triton_version=info.triton.version if info.triton else None,
         cubins=written.cubins,
         spliced=written.spliced,
     )
+
+
+def _nothing_found(root: str, skipped) -> TpackError:
+    """Why a root gave no entry to pack: an empty archive would hide a wrong path or an unset variable."""
+    inner = os.path.join(root, "cache")
+    if os.path.isdir(inner):  # the directory above a cache root: ~/.triton rather than ~/.triton/cache
+        return CacheError(f"no Triton cache entry here; is the cache root {inner}?", root)
+    if skipped:
+        first = skipped[0]
+        return CacheError(f"no complete Triton cache entry to pack: skipped {len(skipped)} ({first.path}: "
+                          f"{first.reason}{', ...' if len(skipped) > 1 else ''})", root)
+    return CacheError("no Triton cache entry here (a Triton cache root holds one directory per cache key)", root)
+
+
+def _left_out(not_since: int, not_selected: int) -> str:
+    from .report import plural
+
+    parts = [f"{plural(not_since, 'entry', 'entries')} unchanged since --since"] if not_since else []
+    if not_selected:
+        parts.append(f"{plural(not_selected, 'entry', 'entries')} not selected by --arch or --kernel")
+    return ", ".join(parts)
 
 
 def open(path: str | os.PathLike) -> ArchiveReader:
@@ -223,7 +253,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
 def _resolve_root(cache_dir) -> str:
     root = os.path.abspath(cache_root(cache_dir))
     if os.path.exists(root) and not os.path.isdir(root):
-        raise UsageError("cache directory is not a directory", root)
+        raise CacheError("cache directory is not a directory", root)
     return root
 
 
@@ -291,6 +321,7 @@ def unpack(
             not_used_entries=0 if force else report.unusable_count,
             forced=report.unusable_count if force else 0,
             unchecked=report.unchecked,
+            not_selected=len(every) - len(entries),
         )
 
 

@@ -71,7 +71,10 @@ def reported(result, as_json: bool, quiet: bool) -> Output:
 
 
 def selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
-    return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only)
+    try:
+        return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only).checked()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def since_time(text: str | None) -> float | None:

@@ -48,6 +48,8 @@ class PackResult(NamedTuple):
     bytes_out: int
     seconds: float
     skipped: list[Skipped]
+    not_since: int  # entries left out by ``since``: no file changed since then
+    not_selected: int  # and then by the selection (targets, kernel names)
     foreign_manifests: int
     triton_version: str | None
     cubins: int = 0  # cubins beside their group's .ptx
@@ -65,6 +67,11 @@ class PackResult(NamedTuple):
 
     def notes(self) -> list[str]:
         lines = skipped_lines(self.skipped)
+        if self.not_since:
+            lines.append(f"left out {plural(self.not_since, 'entry', 'entries')} with no file changed since --since")
+        if self.not_selected:
+            lines.append(f"left out {plural(self.not_selected, 'entry', 'entries')} that --arch or --kernel does "
+                         "not select")
         if self.foreign_manifests:
             lines.append(f"{self.foreign_manifests} manifest(s) pointed outside their own directory (a copied "
                          "cache); their files were read from the group's own directory")
@@ -101,6 +108,7 @@ class UnpackResult(NamedTuple):
     not_used_entries: int
     forced: int  # entries written although the preflight says they will not be used
     unchecked: list[str]
+    not_selected: int = 0  # entries of the archive that the selection (targets, kernel names) left out
 
     def summary(self) -> str:
         parts = [f"{self.written} written", f"{self.present} already present"]
@@ -123,6 +131,9 @@ class UnpackResult(NamedTuple):
             shown = ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else "")
             lines.append(f"kept {len(self.conflicts)} existing entr{'y' if len(self.conflicts) == 1 else 'ies'} "
                          f"whose content differs from the archive (--overwrite replaces them): {shown}")
+        if self.not_selected:
+            lines.append(f"left out {plural(self.not_selected, 'entry', 'entries')} that --arch or --kernel does "
+                         "not select")
         lines += [f"skipped {n} entr{'y' if n == 1 else 'ies'} that will not be used here: {reason}"
                   for reason, n in self.not_used]
         if self.forced:

@@ -37,6 +37,15 @@ class Selection(NamedTuple):
     def everything(self) -> bool:
         return not (self.archs or self.kernels or self.binary_only)
 
+    def checked(self) -> Selection:
+        """This selection, its archs split at commas (``--arch 80,90``) and each one checked: a typo would
+        otherwise select nothing, silently."""
+        archs = tuple(a.strip() for value in self.archs for a in value.split(","))
+        for arch in archs:
+            if not _ARCH.fullmatch(arch):
+                raise ValueError(f"--arch takes cuda:90, hip:gfx942, or just 90 or gfx942, not {arch!r}")
+        return self._replace(archs=archs)
+
     def wants(self, entry) -> bool:
         if entry.kind == GROUP:
             if self.archs and not self._arch_matches(entry.kernel):
@@ -64,6 +73,7 @@ class Selection(NamedTuple):
 
 
 EVERYTHING = Selection()
+_ARCH = re.compile(r"(cuda:)?[0-9]+|(hip:)?gfx[0-9a-z]+")
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
