@@ -70,6 +70,19 @@ def test_arch_mismatch_is_explained(tmp_path, compiled_root, capsys):
     assert any("cuda:80" in line for line in result.notes())
 
 
+def test_targets_take_the_forms_arch_takes_and_a_bad_one_names_the_option(tmp_path, compiled_root, capsys):
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    assert main(["check", str(archive), "--target", "90", "--json"]) == 6
+    one = json.loads(capsys.readouterr().out)
+    assert main(["check", str(archive), "--target", "cuda:90,gfx942", "--target", "80", "-q"]) == 0
+    assert main(["check", str(archive), "--target", "cuda:90", "--json"]) == 6
+    assert json.loads(capsys.readouterr().out) == one
+    assert main(["check", str(archive), "--target", "sm_90"]) == 2
+    assert capsys.readouterr().err == ("error: --target: a target looks like cuda:90, hip:gfx942, 90 or gfx942, "
+                                       "not 'sm_90'\n")
+
+
 def test_no_gpu_is_reported_not_refused(tmp_path, compiled_root):
     archive = tmp_path / "k.tpack"
     tritonpack.pack(compiled_root, archive)

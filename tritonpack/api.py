@@ -203,9 +203,10 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
     abi = (here.ext_suffix, here.platform)
     if targets:
         try:
-            return Environment(local, [parse_target(t) for t in targets], "--target", *abi)
+            return Environment(local, [parse_target(t) for value in targets for t in value.split(",")], "--target",
+                               *abi)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(f"--target: {e}") from None
     found = gpus.targets() if gpus is not None else visible_targets()
     return Environment(local, found, "gpu" if found else "none", *abi)
 

@@ -66,7 +66,9 @@ def _progress(enabled: bool, label: str):
         yield update
 
 
-ARCH_HELP = "Only kernels for this target (cuda:90, hip:gfx942, or just 90 / gfx942); repeatable."
+TARGET_HELP = ("GPU target(s) to check against instead of the visible GPUs (for image builds without a GPU): "
+               "cuda:90, hip:gfx942, 90 or gfx942; repeatable, or a comma list.")
+ARCH_HELP = "Only kernels for this target (cuda:90, hip:gfx942, or just 90 / gfx942); repeatable, or a comma list."
 KERNEL_HELP = "Only kernels whose name matches this shell glob (e.g. 'triton_poi_*'); repeatable."
 BINARY_HELP = "Groups with only their metadata json and binary (cubin/hsaco), as TRITON_STORE_BINARY_ONLY keeps."
 
@@ -116,8 +118,7 @@ def unpack(
                                  "RedisRemoteCacheBackend instead of a cache root."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
     force: bool = typer.Option(False, "--force", help="Write entries the preflight says will not be used here."),
-    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
-                                     "visible GPUs, e.g. cuda:90 (for image builds without a GPU)."),
+    target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
     arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),
     kernel: list[str] | None = typer.Option(None, "--kernel", help=KERNEL_HELP),
     binary_only: bool = typer.Option(False, "--binary-only", help=BINARY_HELP),
@@ -149,8 +150,7 @@ def unpack(
 @app.command()
 def check(
     archive: str = typer.Argument(..., help=ARCHIVE_HELP),
-    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
-                                     "visible GPUs, e.g. cuda:90."),
+    target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit status is the answer."),
 ) -> None:
@@ -262,8 +262,7 @@ def ensure(
                                             "file://); an oci:// reference is pulled first (tritonpack pull)."),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
-    target: list[str] | None = typer.Option(None, "--target", help="GPU target(s) to check against instead of the "
-                                     "visible GPUs, e.g. cuda:90."),
+    target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
     strict: bool = typer.Option(False, "--strict", help="Exit with status 5 when no entry would be used here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),

@@ -115,10 +115,14 @@ class GpuProbe:
 
 
 def parse_target(text: str) -> Target:
-    """``cuda:90``, ``hip:gfx942`` (warp size from the arch family) or ``hip:gfx1100:32``."""
-    parts = text.strip().split(":")
+    """``cuda:90``, ``hip:gfx942`` (warp size from the arch family) or ``hip:gfx1100:32``; ``90`` and ``gfx942``
+    as ``--arch`` takes them: digits name only CUDA archs, ``gfx`` only AMD ones."""
+    text = text.strip()
+    if text.isdigit() or text.startswith("gfx"):
+        text = f"{'cuda' if text.isdigit() else 'hip'}:{text}"
+    parts = text.split(":")
     if len(parts) not in (2, 3) or parts[0] not in ("cuda", "hip") or not parts[1]:
-        raise ValueError(f"target must look like cuda:90 or hip:gfx942, not {text!r}")
+        raise ValueError(f"a target looks like cuda:90, hip:gfx942, 90 or gfx942, not {text!r}")
     backend, arch = parts[0], parts[1]
     if backend == "cuda":
         if not arch.isdigit():
