@@ -118,6 +118,8 @@ def test_quiet_check_and_list_answer_by_exit_status(archive, tmp_path, capsys):
     assert main(["check", str(archive), "-q", "--target", "cuda:80"]) in (5, 6)  # its kernels are for cuda:90
     assert main(["list", str(archive), "-q"]) == 0
     assert capsys.readouterr().out == ""
+    assert main(["list", str(archive), "-q", "--json"]) == 0  # JSON asked for is printed, as by every command
+    assert json.loads(capsys.readouterr().out)["entries"]
     (tmp_path / "bad.tpack").write_bytes(b"nope")
     assert main(["list", str(tmp_path / "bad.tpack"), "-q"]) == 3
 

@@ -91,11 +91,11 @@ def list_output(archive: str, as_json: bool = False, quiet: bool = False) -> Out
     from .listing import entry_to_dict, info_to_dict, table_lines
 
     with api.open(archive) as reader:
-        if quiet:
-            return Output()
-        if as_json:
+        if as_json:  # before quiet, as every command's JSON is (``reported``)
             return Output(to_json({"archive": archive, **info_to_dict(reader.info, reader.digest),
                                    "entries": [entry_to_dict(e) for e in reader.entries]}))
+        if quiet:
+            return Output()
         return Output(table_lines(reader.info, reader.entries, archive))  # escaped there, cell by cell
 
 
