@@ -159,6 +159,11 @@ def test_backends_that_fail_as_they_are_made_are_one_line(big, capsys):
 def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
     assert main(["list", "nosuchscheme://x/k.tpack"]) == 2
     assert "unknown URL scheme nosuchscheme://" in capsys.readouterr().err
+    for url in ("http://", "https:///k.tpack"):
+        assert main(["list", url]) == 2
+        assert capsys.readouterr().err == f"error: {url}: not a URL of an archive: it names no host\n"
+    assert main(["list", "file:///no/such.tpack"]) == 2  # named as given
+    assert capsys.readouterr().err == "error: file:///no/such.tpack: no such archive\n"
     try:
         import s3fs  # noqa: F401
     except ImportError:

@@ -29,7 +29,7 @@ def open_source(location: str | os.PathLike) -> ByteSource:
         return LocalFile(location)
     url = os.fspath(location)
     if scheme == "file":
-        return LocalFile(file_url_path(url))
+        return LocalFile(file_url_path(url), url)
     if scheme == "oci":
         from .oci import pull_to_temp
 
@@ -119,6 +119,8 @@ class FsspecSource:
     def __init__(self, url: str):
         self.name = url
         scheme = scheme_of(url)
+        if scheme in _HTTP and not _SCHEME.sub("", url).split("/", 1)[0]:
+            raise UsageError("not a URL of an archive: it names no host", url)
         try:
             import fsspec
         except ImportError:

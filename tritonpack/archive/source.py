@@ -24,14 +24,16 @@ class ByteSource(Protocol):
 class LocalFile:
     """A local archive file, read with ``pread`` (no shared file position, so threads may read at once)."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.name = os.fspath(path)
-        if not self.name.strip():
-            raise UsageError("the archive's path given is empty (an unset variable?)")
+    def __init__(self, path: str | os.PathLike, name: str | None = None):
+        """``name``: what errors call it, where that is not the path (the ``file://`` URL it was given as)."""
+        path = os.fspath(path)
+        self.name = path if name is None else name
+        if not path.strip():
+            raise UsageError("the archive's path given is empty (an unset variable?)", name)
         try:
             # Non-blocking, so that a FIFO named as the archive cannot hang the open; only a regular file can be
             # read by offset.
-            self._fd = os.open(self.name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise UsageError("no such archive", self.name) from None
         except IsADirectoryError:
