@@ -140,7 +140,7 @@ def test_failing_command_packs_nothing_unless_allowed(tmp_path, full_root, monke
     assert "used no Triton cache entry" in capsys.readouterr().err
     assert main(["record", "-o", str(out), "--", str(tmp_path / "no-such-program")]) == 2
     marker = tmp_path / "ran"
-    assert main(["record", "-o", str(tmp_path / "no" / "dir.tpack"), "--", "touch", str(marker)]) == 2
+    assert main(["record", "-o", str(tmp_path / "no" / "dir.tpack"), "--", "touch", str(marker)]) == 4  # as pack
     assert not marker.exists(), "an output that cannot be written is refused before the command runs"
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
-from .errors import RecordError, UsageError
+from .errors import CacheError, RecordError, UsageError
 from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order, manifest_name
 from .report import count_words, human_bytes, kind_counts, plural
 
@@ -343,7 +343,7 @@ def record(
         raise UsageError(f"compression level must be 1-22, not {level}")
     directory = os.path.dirname(os.path.abspath(os.fspath(output)))
     if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
-        raise UsageError("cannot write the archive there (checked before running the command)", os.fspath(output))
+        raise CacheError("cannot write the archive there (checked before running the command)", os.fspath(output))
     created = source_date_epoch()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tritonpack-record-") as work:
