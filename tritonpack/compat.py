@@ -118,8 +118,10 @@ class CheckReport(NamedTuple):
 
     def summary(self) -> str:
         n, ok = len(self.verdicts), self.usable_count
+        if n == 0:
+            return "the archive holds no entries"
         if ok == n:
-            return f"all {n} entries will be used here"
+            return "the entry will be used here" if n == 1 else f"all {n} entries will be used here"
         return f"{ok} of {n} entries will be used here; {n - ok} will not"
 
     def lines(self) -> list[str]:

@@ -63,13 +63,12 @@ class MergeResult:
 
     def summary(self) -> str:
         count = plural(sum(self.entries.values()), "entry", "entries")
-        parts = [f"{self.identical} duplicate{'' if self.identical == 1 else 's'} stored once"]
+        parts = [f"{plural(self.identical, 'duplicate')} stored once"] if self.identical else []
         if self.conflicts:
-            parts.append(f"{len(self.conflicts)} conflict{'' if len(self.conflicts) == 1 else 's'} resolved "
-                         f"(--prefer {self.prefer})")
+            parts.append(f"{plural(len(self.conflicts), 'conflict')} resolved (--prefer {self.prefer})")
         ratio = self.bytes_in / self.bytes_out if self.bytes_out else 0.0
         return (f"merged {plural(len(self.inputs), 'archive')} into {count} ({count_words(self.entries)}): "
-                f"{', '.join(parts)}; {self.files} files, {human_bytes(self.bytes_in)} -> "
+                f"{''.join(part + '; ' for part in parts)}{self.files} files, {human_bytes(self.bytes_in)} -> "
                 f"{human_bytes(self.bytes_out)} ({ratio:.1f}x) in {self.seconds:.2f} s -> {self.archive}")
 
     def notes(self) -> list[str]:

@@ -30,7 +30,7 @@ from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import CacheError, RecordError, UsageError
 from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order, manifest_name
-from .report import count_words, human_bytes, kind_counts, plural
+from .report import count_words, foreign_manifests_line, human_bytes, kind_counts, plural
 
 HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
 HOOK_CLASS = "TrackingCacheManager"
@@ -291,8 +291,7 @@ class RecordResult:
         lines += [f"{MANAGER_ENV}={m} keeps kernels outside Triton's file layout: what it served was not recorded"
                   for m in self.unsupported_managers]
         if self.foreign_manifests:
-            lines.append(f"{self.foreign_manifests} manifest(s) pointed outside their own directory (a copied "
-                         "cache); their files were read from the group's own directory")
+            lines.append(foreign_manifests_line(self.foreign_manifests))
         return lines + self.producer_notes
 
     def to_dict(self) -> dict:

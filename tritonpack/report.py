@@ -20,6 +20,11 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
+def foreign_manifests_line(n: int) -> str:
+    return (f"{plural(n, 'manifest')} pointed outside {'its' if n == 1 else 'their'} own directory (a copied cache): "
+            "the files were read from the group's own directory")
+
+
 def count_words(kinds: dict[str, int]) -> str:
     labels = {"group": "kernel", "autotune": "autotune result", "file": "file"}
     parts = [f"{n} {labels[k]}{'' if n == 1 else 's'}" for k, n in kinds.items() if n]
@@ -73,8 +78,7 @@ class PackResult(NamedTuple):
             lines.append(f"left out {plural(self.not_selected, 'entry', 'entries')} that --arch or --kernel does "
                          "not select")
         if self.foreign_manifests:
-            lines.append(f"{self.foreign_manifests} manifest(s) pointed outside their own directory (a copied "
-                         "cache); their files were read from the group's own directory")
+            lines.append(foreign_manifests_line(self.foreign_manifests))
         if self.triton_version is None:
             lines.append("Triton is not importable here: the archive records no Triton build key or backend hashes")
         if self.spliced < self.cubins:
