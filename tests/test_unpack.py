@@ -497,3 +497,22 @@ def test_the_files_to_stage_come_in_block_order_then_blob_entry_and_file(blob_bl
     assert targets.blocks == {block: (blocks.index(block), len(blocks) - blocks[::-1].index(block))
                               for block in sorted(set(blocks))}
     assert targets.distinct_blobs() == list(dict.fromkeys(b for _, b, _, _ in expected))
+
+
+def test_a_root_that_cannot_be_written_is_named_not_the_run_lock(tmp_path, archive, monkeypatch, capsys):
+    """What a read-only root gives a user who is not root: the root, not ``tmp.tpack.<pid>.<token>.lock``."""
+    import errno
+
+    from tritonpack import tempfiles
+    from tritonpack.cli import main
+
+    root = tmp_path / "root"
+    root.mkdir()
+
+    def refused(self):
+        path = os.path.join(self.root, "tmp.tpack.1.0123abcd.lock")
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(tempfiles.RunLock, "_acquire", refused)
+    assert main(["unpack", str(archive), "--cache-dir", str(root), "--force"]) == 4
+    assert capsys.readouterr().err == f"error: {root}: cannot write: Permission denied\n"

@@ -204,4 +204,14 @@ def materialize(
     try:
         return write_staged(reader, root, placements, on_file, workers)
     except OSError as e:
-        raise CacheError(f"cannot write: {e.strerror}", e.filename or root) from e
+        raise CacheError(f"cannot write: {e.strerror}", _where(e.filename, root)) from e
+
+
+def _where(path: str | None, root: str) -> str:
+    """What an error names: the directory where one of this run's temp files or its lock could not be made,
+    not that internal name."""
+    from .tempfiles import is_ours
+
+    if not path:
+        return root
+    return os.path.dirname(path) if is_ours(os.path.basename(path)) else path

@@ -35,6 +35,11 @@ LOCK_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})\.lock")
 NAMES_A_RUN = 0x10000  # temp names one run token gives (its 4 hex digits of counter), before they repeat
 
 
+def is_ours(name: str) -> bool:
+    """A temp file's, a staging directory's or a run lock's name, as an unpack makes them."""
+    return TEMP_RE.fullmatch(name) is not None or LOCK_RE.fullmatch(name) is not None
+
+
 def run_name(prefix: str, number: int) -> str:
     """Name ``number`` of a run token's (``RunLock.prefix``): its four hex digits after the prefix, as ``TEMP_RE``
     reads them. Temp files and staging directories alike."""
@@ -274,4 +279,5 @@ def remove_stage_dir(path: str) -> int:
     return removed
 
 
-__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "run_name", "TEMP_RE", "LOCK_RE", "PREFIX", "NAMES_A_RUN"]
+__all__ = ["RunLock", "clean_stale", "remove_stage_dir", "run_name", "is_ours", "TEMP_RE", "LOCK_RE", "PREFIX",
+           "NAMES_A_RUN"]
