@@ -78,6 +78,8 @@ def test_skips_are_counted_and_explained(root):
     packed_keys = {e.key for e in scan.entries}
     assert not packed_keys & {groups[1].name, groups[2].name, groups[3].name}
     assert groups[0].name in packed_keys  # its temp dir is skipped, the group is fine
+    # once each: the unreadable manifest's kernel files are not reported again as a group without a manifest
+    assert [s.reason for s in scan.skipped if s.path.startswith(groups[3].name)] == ["unreadable manifest"]
 
 
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):

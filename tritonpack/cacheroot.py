@@ -355,6 +355,7 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
     key_dir = os.path.join(root, key)
     files = _regular_files(key_dir, key, scan.skipped)
     claimed: set[str] = set()
+    unread = False  # a manifest whose children cannot be known: the directory's kernel files are taken as its
     found: list[LocalEntry] = []
     for name in [n for n in files if n.startswith(MANIFEST_PREFIX) and n.endswith(".json")]:
         claimed.add(name)
@@ -367,9 +368,11 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
             children = data.get("child_paths") if isinstance(data, dict) else None
             if isinstance(children, dict):
                 claimed.update(n for n in children if isinstance(n, str))
+            else:
+                unread = True
     loose = [n for n in files if n not in claimed]
     orphans = [n for n in loose if n.endswith(KERNEL_SUFFIXES) and not n.endswith(AUTOTUNE_SUFFIX)]
-    if orphans:
+    if orphans and not unread:  # else reported once, with the manifest that cannot be read
         scan.skipped.append(Skipped(f"{key}/{orphans[0]}",
                                     f"incomplete group: no manifest for {len(orphans)} kernel file(s)"))
     for name in loose:

@@ -40,7 +40,8 @@ class VerifyReport:
     def summary(self) -> str:
         ok = len(self.groups) - len(self.problems)
         how = "Triton's cache manager" if self.resolved_by == "triton" else "the rule of Triton 3.8+ (no Triton here)"
-        verdict = "all resolve" if not self.problems else f"{len(self.problems)} need attention"
+        n = len(self.problems)
+        verdict = "all resolve" if not n else f"{n} need{'s' if n == 1 else ''} attention"
         return f"verified {len(self.groups)} groups under {self.cache_dir} with {how}: {ok} ok, {verdict}"
 
     def notes(self) -> list[str]:
