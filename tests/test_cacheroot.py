@@ -82,6 +82,27 @@ def test_skips_are_counted_and_explained(root):
     assert [s.reason for s in scan.skipped if s.path.startswith(groups[3].name)] == ["unreadable manifest"]
 
 
+def test_a_key_directory_that_cannot_be_listed_is_a_group_verify_cannot_vouch_for(root, monkeypatch):
+    """As for a user who may not read it (the tests run as root, whom permissions do not stop)."""
+    import errno
+
+    from tritonpack import cacheroot
+    from tritonpack.repair import verify
+
+    hidden = first_group(root)
+    listing = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == str(hidden):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return listing(path)
+
+    monkeypatch.setattr(cacheroot.os, "scandir", scandir)
+    report = verify(str(root))  # the fixture's manifests are stale (a copy): they need attention too
+    assert [(g.state, g.detail) for g in report.problems if g.path == hidden.name] == \
+        [("unreadable", "unreadable: Permission denied")]
+
+
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):
     (root / "stray.txt").write_text("x")
     before = snapshot(root)

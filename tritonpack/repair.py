@@ -70,7 +70,8 @@ class RelocateReport:
 
 
 _GROUP_SKIPS = {"incomplete group": INCOMPLETE, "unreadable manifest": UNREADABLE,
-                "unreadable kernel metadata": INCOMPLETE, "manifest names": UNREADABLE}
+                "unreadable kernel metadata": INCOMPLETE, "manifest names": UNREADABLE,
+                "unreadable: ": UNREADABLE}  # a key directory that cannot be listed: its groups cannot be verified
 
 
 def _group_problem(reason: str) -> str | None:
