@@ -16,6 +16,7 @@ from kernels import HAS_LISTENER, SOURCES, compile_all, targets  # noqa: E402
 import tritonpack  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
 from tritonpack.fingerprint import local_triton  # noqa: E402
+from tritonpack.model import ArchiveInfo, TritonInfo  # noqa: E402
 
 HERE_VERSION = triton.__version__
 VERSION_ARCHIVES = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
@@ -211,3 +212,30 @@ def test_verdicts_read_as_the_list_of_each_entrys_verdict():
     assert [verdicts.usable(n) for n in range(4)] == [True, False, True, False]
     with pytest.raises(IndexError):
         verdicts[4]
+
+
+FIXTURE_TRITON = "3.6.0"  # the Triton that compiled fixtures/h200-triton36: its kernels' own triton_version
+another_triton = pytest.mark.skipif(HERE_VERSION == FIXTURE_TRITON,
+                                    reason="the H200 cache was compiled by this Triton's version: the case does not "
+                                           "arise")
+
+
+def autotune_verdict(archive, targets=("cuda:90",)):
+    report = tritonpack.check(archive, list(targets))
+    [tuned] = [v for v in report.verdicts if v.entry.kind == "autotune"]
+    return tuned, report
+
+
+@another_triton
+def test_archive_of_an_earlier_writer_judges_the_autotune_result_by_its_kernels(tmp_path, gpu_cache):
+    """Earlier writers recorded the packing host's Triton, here this one, beside kernels of the H200's 3.6: the
+    autotune result is judged by the version its kernels name, not passed for this Triton's."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    local = local_triton({("cuda", 90, 32)})
+    packer = TritonInfo(local.version, local.key_sha256, {"cuda:90": local.backend_hashes["cuda:90"]})
+    archive = tmp_path / "earlier.tpack"
+    write_archive(str(archive), scan_cache(str(gpu_cache)).entries, ArchiveInfo("1.0.0", (1, 0), None, None, packer))
+    tuned, _ = autotune_verdict(archive)
+    assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
