@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,11 @@ from kernels import HAS_LISTENER, SOURCES, compile_all, targets  # noqa: E402
 import tritonpack  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
 from tritonpack.fingerprint import local_triton  # noqa: E402
+from tritonpack.model import ArchiveInfo, TritonInfo  # noqa: E402
 
 HERE_VERSION = triton.__version__
 VERSION_ARCHIVES = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
+GOLDEN = FIXTURES / "golden" / "h200-triton36-v1.0.tpack"  # the H200 cache, packed by its own Triton 3.6
 
 
 def archive_version(path: Path) -> str:
@@ -105,8 +108,6 @@ def test_launcher_stub_of_another_python_is_not_written(tmp_path, gpu_cache):
     tritonpack.pack(gpu_cache, archive)
     report = tritonpack.check(archive)
     stubs = [v for v in report.verdicts if v.entry.kind == "file"]
-    import sysconfig
-
     if sysconfig.get_config_var("EXT_SUFFIX") != ".cpython-312-x86_64-linux-gnu.so":
         assert stubs and all(not v.usable and v.mismatches[0].factor == "python" for v in stubs)
 
@@ -224,3 +225,123 @@ def test_verdicts_read_as_the_list_of_each_entrys_verdict():
     assert [verdicts.usable(n) for n in range(4)] == [True, False, True, False]
     with pytest.raises(IndexError):
         verdicts[4]
+
+
+FIXTURE_TRITON = "3.6.0"  # the Triton that compiled fixtures/h200-triton36: its kernels' own triton_version
+another_triton = pytest.mark.skipif(HERE_VERSION == FIXTURE_TRITON,
+                                    reason="the H200 cache was compiled by this Triton's version: the case does not "
+                                           "arise")
+
+
+def autotune_verdict(archive, targets=("cuda:90",)):
+    report = tritonpack.check(archive, list(targets))
+    [tuned] = [v for v in report.verdicts if v.entry.kind == "autotune"]
+    return tuned, report
+
+
+def test_cache_of_another_triton_records_that_triton_not_the_packers(tmp_path, gpu_cache, capsys):
+    """The archive's Triton is the one that compiled the cache: the H200's 3.6, whichever Triton packs it. Its
+    autotune result, which names no version, is then judged as the golden archive (packed by 3.6) judges it."""
+    archive = tmp_path / "fx.tpack"
+    assert main(["pack", str(gpu_cache), "-o", str(archive)]) == 0
+    err = capsys.readouterr().err
+    local = local_triton({("cuda", 90, 32)})
+    with tritonpack.open(archive) as reader:
+        recorded = reader.info.triton
+    if HERE_VERSION == FIXTURE_TRITON:  # compiled by this version: recorded as before, with the build key
+        assert recorded == TritonInfo(local.version, local.key_sha256, {"cuda:90": local.backend_hashes["cuda:90"]})
+        assert autotune_verdict(archive)[0].usable
+        return
+    assert recorded == TritonInfo(FIXTURE_TRITON, None, {})
+    assert (f"kernels compiled by Triton {FIXTURE_TRITON}, Triton here is {HERE_VERSION}: build key and backend "
+            "hashes not recorded, entries judged by version only") in err.splitlines()
+    assert main(["list", str(archive)]) == 0
+    assert f", Triton {FIXTURE_TRITON}, " in capsys.readouterr().out.splitlines()[0]
+    stubs_usable = sysconfig.get_config_var("EXT_SUFFIX") == ".cpython-312-x86_64-linux-gnu.so"
+    for packed in (archive, GOLDEN):
+        tuned, _ = autotune_verdict(packed)
+        assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
+        assert main(["check", str(packed), "--target", "cuda:90"]) == (6 if stubs_usable else 5)
+        out = capsys.readouterr().out
+        assert f"6 entries: Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}" in out  # 5 kernels, 1 autotune
+    root = tmp_path / "root"
+    code = main(["unpack", str(archive), "--cache-dir", str(root), "--target", "cuda:90"])
+    assert not list(root.glob("*/*.autotune.json"))
+    assert code == 0 if stubs_usable else (code == 5 and not root.exists())
+
+
+@another_triton
+def test_cache_of_another_triton_is_used_where_that_triton_is(tmp_path, gpu_cache, monkeypatch):
+    """Packed here, unpacked on a machine whose Triton is the cache's 3.6: everything of 3.6 is written, the
+    autotune result too, and what could be compared by version only is said."""
+    archive = tmp_path / "fx.tpack"
+    tritonpack.pack(gpu_cache, archive)
+    fingerprint = local_triton({("cuda", 90, 32)})
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton",
+                        lambda *a, **k: fingerprint._replace(version=FIXTURE_TRITON))
+    result = tritonpack.unpack(archive, tmp_path / "root", targets=["cuda:90"])
+    assert result.kinds["autotune"] == 1 and result.kinds["group"] == 5
+    assert len(list((tmp_path / "root").glob("*/scaled_add_kernel.autotune.json"))) == 1
+    assert "not checked: 6 entries matched by Triton version only: the archive holds no build key (nor backend " \
+           "hash) of the Triton that compiled them" in result.notes()
+
+
+def test_cache_compiled_here_records_this_tritons_build(tmp_path, compiled_root):
+    archive = tmp_path / "k.tpack"
+    result = tritonpack.pack(compiled_root, archive)
+    local = local_triton({(t.backend, t.arch, t.warp_size) for t in targets()})
+    with tritonpack.open(archive) as reader:
+        recorded = reader.info.triton
+    assert recorded.version == HERE_VERSION and recorded.key_sha256 == local.key_sha256 is not None
+    assert recorded.backend_hashes == {f"{t.backend}:{t.arch}": local.backend_hashes[f"{t.backend}:{t.arch}"]
+                                       for t in targets()}
+    assert not any("Triton" in note for note in result.notes())
+    assert not any("Triton" in note for note in tritonpack.check(archive).unchecked)
+
+
+@another_triton
+def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(tmp_path, gpu_cache, compiled_root,
+                                                                              capsys):
+    """The H200's 3.6 kernels and their autotune result beside kernels compiled here: no one Triton compiled
+    the cache, so none is recorded, each kernel is judged by its own version, and the autotune result is
+    reported unchecked. Merging the archives of the two parts gives the same bytes."""
+    mixed = tmp_path / "mixed"
+    shutil.copytree(gpu_cache, mixed)
+    shutil.copytree(compiled_root, mixed, dirs_exist_ok=True)
+    archive = tmp_path / "mixed.tpack"
+    assert main(["pack", str(mixed), "-o", str(archive)]) == 0
+    counts = sorted([(-5, FIXTURE_TRITON), (-len(SOURCES) * len(targets()), HERE_VERSION)])  # most kernels first
+    assert (f"kernels compiled by several Tritons ({', '.join(f'{v}: {-n} kernels' for n, v in counts)}), "
+            f"Triton here is {HERE_VERSION}: the archive records none") in capsys.readouterr().err
+    with tritonpack.open(archive) as reader:
+        assert reader.info.triton is None
+    tuned, report = autotune_verdict(archive)
+    assert tuned.usable
+    assert ("1 entry without a Triton version of its own (autotune results, kernels of Triton before 3.3): the "
+            "archive records no one Triton that compiled its kernels, so its Triton was not checked") \
+        in report.unchecked
+    for verdict in report.verdicts:
+        if verdict.entry.kind == "group":
+            own = verdict.entry.kernel.triton_version == HERE_VERSION
+            assert (verdict.usable or verdict.mismatches[0].factor == "target") if own else \
+                verdict.mismatches[0] == ("triton", FIXTURE_TRITON, HERE_VERSION)
+    parts = tmp_path / "h200.tpack", tmp_path / "here.tpack"
+    tritonpack.pack(gpu_cache, parts[0])
+    tritonpack.pack(compiled_root, parts[1])
+    tritonpack.merge(parts, tmp_path / "merged.tpack")
+    assert (tmp_path / "merged.tpack").read_bytes() == archive.read_bytes()
+
+
+@another_triton
+def test_archive_of_an_earlier_writer_judges_the_autotune_result_by_its_kernels(tmp_path, gpu_cache):
+    """Earlier writers recorded the packing host's Triton, here this one, beside kernels of the H200's 3.6: the
+    autotune result is judged by the version its kernels name, not passed for this Triton's."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    local = local_triton({("cuda", 90, 32)})
+    packer = TritonInfo(local.version, local.key_sha256, {"cuda:90": local.backend_hashes["cuda:90"]})
+    archive = tmp_path / "earlier.tpack"
+    write_archive(str(archive), scan_cache(str(gpu_cache)).entries, ArchiveInfo("1.0.0", (1, 0), None, None, packer))
+    tuned, _ = autotune_verdict(archive)
+    assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]

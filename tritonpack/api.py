@@ -20,6 +20,7 @@ from .triton_env import cache_root
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
     from .compat import CheckReport, Environment
+    from .fingerprint import LocalTriton
     from .gpus import GpuProbe
     from .repair import RelocateReport, VerifyReport
     from .report import PackResult, UnpackResult
@@ -71,6 +72,35 @@ def _newest(entry) -> float:
         return 0.0
 
 
+def _compiling_triton(compilers: Counter[str], local: LocalTriton | None,
+                      targets: set[str]) -> tuple[TritonInfo | None, str | None]:
+    """The archive's ``triton`` map: the Triton that compiled the packed kernels (``compilers``: how many kernels
+    name each version), which the preflight holds the entries without a version of their own (autotune results)
+    to; and the note that says why it records less than the local Triton's fingerprint, if it does.
+
+    The local Triton vouches for a build key and backend hashes only when it is the version the kernels name (or
+    none names one); a cache compiled by another Triton is recorded by its version alone; one compiled by several,
+    not at all (no version describes its autotune results: the preflight reports them unchecked).
+    """
+    from .report import plural
+
+    here = f"Triton here is {local.version}" if local else "Triton is not importable here"
+    if len(compilers) > 1:
+        most_first = sorted(compilers.items(), key=lambda vn: (-vn[1], vn[0]))
+        counts = ", ".join(f"{v}: {plural(n, 'kernel')}" for v, n in most_first)
+        return None, (f"kernels compiled by several Tritons ({counts}), {here}: the archive records none; each "
+                      "kernel is judged by its own version only, and autotune results, which name none, are "
+                      "reported unchecked")
+    compiler = next(iter(compilers), None)
+    if local is not None and compiler in (None, local.version):
+        return TritonInfo(local.version, local.key_sha256,
+                          {t: h for t, h in local.backend_hashes.items() if t in targets}), None
+    if compiler is None:
+        return None, f"{here}: the archive records no Triton build key or backend hashes"
+    return TritonInfo(compiler, None, {}), (f"kernels compiled by Triton {compiler}, {here}: build key and backend "
+                                            "hashes not recorded, entries judged by version only")
+
+
 def pack(
     cache_dir: str | os.PathLike | None = None,
     output: str | os.PathLike = "kernels.tpack",
@@ -120,17 +150,18 @@ def pack(
         if not scan.entries:
             raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found)", root)
         targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
-        for e in scan.entries:  # made again each time they are read: packedentries)
+        compilers: Counter[str] = Counter()  # made again each time they are read: packedentries)
+        for e in scan.entries:
             kernel = e.kernel
             if kernel and kernel.backend and kernel.arch is not None and kernel.warp_size:
                 targets.add((kernel.backend, kernel.arch, kernel.warp_size))
+            if kernel and kernel.triton_version:
+                compilers[kernel.triton_version] += 1
             total += e.size
             kinds[e.kind] += 1
             foreign += e.foreign_manifest
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
-        triton = None if local is None else TritonInfo(
-            local.version, local.key_sha256,
-            {k: v for k, v in local.backend_hashes.items() if k in {f"{b}:{a}" for b, a, _ in targets}})
+        triton, triton_note = _compiling_triton(compilers, local, {f"{b}:{a}" for b, a, _ in targets})
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
                            created=source_date_epoch(), python=python_info(), triton=triton)
         written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,
@@ -151,6 +182,7 @@ def pack(
         triton_version=info.triton.version if info.triton else None,
         cubins=written.cubins,
         spliced=written.spliced,
+        triton_note=triton_note,
     )
 
 

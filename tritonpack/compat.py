@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from .fingerprint import LocalTriton
 from .gpus import Target
-from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry
+from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo
 
 TRITON = "triton"
 BACKEND = "backend"
@@ -141,26 +141,44 @@ def _version_text(version: str | None, key: str | None) -> str:
     return f"{version or '?'} (build {key[:12]})" if key else (version or "?")
 
 
-def _check_triton(entry: Entry, info: ArchiveInfo, local: LocalTriton) -> list[Mismatch]:
-    packer = info.triton
-    produced_by = entry.kernel.triton_version if entry.kernel and entry.kernel.triton_version else None
-    if produced_by is None and packer is not None:
-        produced_by = packer.version
-    if produced_by is not None and produced_by != local.version:
-        return [Mismatch(TRITON, produced_by, local.version)]
-    same_packer = packer is not None and packer.version == produced_by
-    if same_packer and packer.key_sha256 and local.key_sha256 and packer.key_sha256 != local.key_sha256:
-        return [Mismatch(TRITON, _version_text(packer.version, packer.key_sha256),
+def _attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | None:
+    """The Triton the entries that name no version of their own (autotune results, kernels of Triton before 3.3)
+    came from: the one that compiled the kernels beside them. The archive's record when the kernels name its
+    version, or none names one; the version alone when they name another (earlier writers recorded the packing
+    host's Triton); none when they name several, and those entries are then reported unchecked."""
+    named = {e.kernel.triton_version for e in entries if e.kind == GROUP and e.kernel and e.kernel.triton_version}
+    if not named or (info.triton is not None and named == {info.triton.version}):
+        return info.triton
+    return TritonInfo(named.pop(), None, {}) if len(named) == 1 else None
+
+
+def _compiler(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> TritonInfo | None:
+    """What the archive says of the Triton that compiled ``entry``: its build key and backend hashes only when
+    the archive's record is of the version the entry names."""
+    own = entry.kernel.triton_version if entry.kernel else None
+    if own is None:
+        return unowned
+    if info.triton is not None and info.triton.version == own:
+        return info.triton
+    return TritonInfo(own, None, {})
+
+
+def _check_triton(compiler: TritonInfo | None, local: LocalTriton) -> list[Mismatch]:
+    if compiler is None:
+        return []
+    if compiler.version != local.version:
+        return [Mismatch(TRITON, compiler.version, local.version)]
+    if compiler.key_sha256 and local.key_sha256 and compiler.key_sha256 != local.key_sha256:
+        return [Mismatch(TRITON, _version_text(compiler.version, compiler.key_sha256),
                          _version_text(local.version, local.key_sha256))]
     return []
 
 
-def _check_backend(entry: Entry, info: ArchiveInfo, local: LocalTriton) -> list[Mismatch]:
+def _check_backend(entry: Entry, compiler: TritonInfo | None, local: LocalTriton) -> list[Mismatch]:
     k = entry.kernel
-    packer = info.triton
-    if k is None or packer is None or packer.version != (k.triton_version or packer.version):
+    if k is None or compiler is None:
         return []
-    theirs = packer.backend_hashes.get(k.target)
+    theirs = compiler.backend_hashes.get(k.target)
     ours = local.backend_hashes.get(k.target)
     if theirs is None or ours is None or theirs == ours:
         return []
@@ -202,6 +220,25 @@ def _check_stub(entry: Entry, env: Environment) -> list[Mismatch]:
     return mismatches
 
 
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def _triton_unchecked(no_compiler: int, by_version: int) -> list[str]:
+    """What the Triton comparison could not settle, counted: entries that no recorded Triton describes, and
+    entries whose Triton matched by version while the archive holds no build key to compare."""
+    notes = []
+    if no_compiler:
+        own = "its" if no_compiler == 1 else "their"
+        notes.append(f"{_entries(no_compiler)} without a Triton version of {own} own (autotune results, kernels of "
+                     f"Triton before 3.3): the archive records no one Triton that compiled its kernels, so {own} "
+                     "Triton was not checked")
+    if by_version:
+        notes.append(f"{_entries(by_version)} matched by Triton version only: the archive holds no build key (nor "
+                     "backend hash) of the Triton that compiled them")
+    return notes
+
+
 def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environment) -> CheckReport:
     unchecked = []
     if env.triton is None:
@@ -209,21 +246,29 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
     if env.targets is None and any(e.kind == GROUP for e in entries):
         unchecked.append("no GPU visible: target arch not checked (use --target to name the GPUs)")
     if any(e.kind == AUTOTUNE for e in entries):
-        unchecked.append("autotune results record no target or env vars: only their Triton build was checked")
+        unchecked.append("autotune results record no target or env vars: only their Triton was checked")
+    unowned = _attributed(entries, info) if env.triton is not None else None
     mismatches = {}
+    no_compiler = by_version = 0
     for n, entry in enumerate(entries):
         found: list[Mismatch] = []
         if entry.kind == FILE:
             found += _check_stub(entry, env)
         else:
             if env.triton is not None:
-                found += _check_triton(entry, info, env.triton)
+                compiler = _compiler(entry, info, unowned)
+                found += _check_triton(compiler, env.triton)
+                if compiler is None:
+                    no_compiler += 1
+                elif not found and not compiler.key_sha256:
+                    by_version += 1
                 if entry.kind == GROUP and not found:
-                    found += _check_backend(entry, info, env.triton)
+                    found += _check_backend(entry, compiler, env.triton)
                 if entry.kind == GROUP:
                     found += _check_env(entry, env.triton)
             if entry.kind == GROUP:
                 found += _check_target(entry, env)
         if found:
             mismatches[n] = tuple(found)
+    unchecked += _triton_unchecked(no_compiler, by_version)
     return CheckReport(Verdicts(entries, mismatches), unchecked, env)

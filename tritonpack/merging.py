@@ -4,8 +4,9 @@ Entries are identified by ``(key, kind, name)``. The same entry with the same fi
 several inputs is stored once; with different files it is a conflict, an error unless ``prefer`` says which input
 wins. The output goes through the ordinary writer, so it is deterministic and obeys the reader's rules.
 
-Producer maps: the ``python`` and ``triton`` maps describe the host that packed an archive, and the preflight
-trusts ``triton.key_sha256`` and ``triton.backend_hashes`` for the entries of that Triton version. A merged archive
+Producer maps: the ``python`` map describes the host that packed an archive, the ``triton`` map the Triton that
+compiled its cache, and the preflight trusts ``triton.key_sha256`` and ``triton.backend_hashes`` for the entries of
+that Triton version. A merged archive
 therefore keeps only what every contributing input agrees on: one Triton version (else no ``triton`` map, and the
 preflight falls back to each kernel's own recorded version), one build key (else none), and per target the
 backend hash all inputs that have it agree on. The merging host's own Triton is never claimed: it compiled nothing.
@@ -114,10 +115,11 @@ def merged_info(parts: Sequence[tuple[ArchiveInfo, set[str]]], created: int | No
 
 def _producer_words(info: ArchiveInfo) -> str:
     if info.triton is None:
-        return "no packing Triton recorded (the inputs disagree); the preflight checks each kernel's own version"
+        return ("no compiling Triton recorded (the inputs disagree, or record none); the preflight checks each "
+                "kernel's own version")
     key = info.triton.key_sha256
-    return (f"Triton {info.triton.version}" + (f", build {key[:12]}" if key else ", build key unknown (inputs differ)")
-            + f", backend hashes for {len(info.triton.backend_hashes)} target(s)")
+    build = f", build {key[:12]}" if key else ", build key unknown (inputs differ, or record none)"
+    return f"Triton {info.triton.version}{build}, backend hashes for {len(info.triton.backend_hashes)} target(s)"
 
 
 def _check_paths(chosen: dict[tuple[str, str, str], tuple[int, int, Entry]], names: Sequence[str]) -> None:

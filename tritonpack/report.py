@@ -59,6 +59,7 @@ class PackResult(NamedTuple):
     triton_version: str | None
     cubins: int = 0  # cubins beside their group's .ptx
     spliced: int = 0  # of those, stored without the PTX text they embed (spec §5.1)
+    triton_note: str | None = None  # why the archive records less than the local Triton's fingerprint
 
     @property
     def ratio(self) -> float:
@@ -79,8 +80,8 @@ class PackResult(NamedTuple):
                          "not select")
         if self.foreign_manifests:
             lines.append(foreign_manifests_line(self.foreign_manifests))
-        if self.triton_version is None:
-            lines.append("Triton is not importable here: the archive records no Triton build key or backend hashes")
+        if self.triton_note:
+            lines.append(self.triton_note)
         if self.spliced < self.cubins:
             lines.append(f"{self.cubins - self.spliced} of {self.cubins} cubins stored whole: their embedded PTX text "
                          "is not their .ptx line for line, their .ptx is stored in another block (the same as another "
