@@ -96,6 +96,7 @@ class Crafted:
     post: Callable[[bytes], bytes] | None = None
     block_sizes: dict[int, int] = field(default_factory=dict)  # declared size overrides
     splice: bool = False
+    gap: int = 0  # unused bytes before each block (writers leave none; readers accept them, §2)
 
     def build(self) -> bytes:
         contents: list[bytes] = []
@@ -130,6 +131,7 @@ class Crafted:
             frame = zframe(stored)
             if self.frame_hook:
                 frame = self.frame_hook(n, frame)
+            out += bytes(self.gap)
             blocks.append({"codec": block["codec"], "offset": len(out), "length": len(frame),
                            "size": self.block_sizes.get(n, len(data)), **({"splices": block["splices"]}
                                                                          if "splices" in block else {})})
