@@ -415,11 +415,13 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
     add("splice-twice-at-one-place", lambda: S(doc_hook=lambda d: d["blocks"][0]["splices"].append(
         list(d["blocks"][0]["splices"][0]))))
     add("splice-source-in-a-splice", lambda: S(doc_hook=_source_in_a_splice))
+    add("splice-empty-source-in-a-splice", lambda: S(doc_hook=empty_source_in_a_splice))
     add("splice-length-lies", lambda: S(doc_hook=lambda d: d["blocks"][0]["splices"][0].__setitem__(
         3, len(SPLICE_TEXT) + 1)))
     add("splice-blanks-width-3", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"\x03" + b"\0" * 6)))
     add("splice-blanks-ragged", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"\x02\x01\x00\x01")))
     add("splice-blanks-gap-zero", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"\x01\x01\x00")))
+    add("splice-blanks-empty", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"")))  # none: b"\x01" (§5.1)
     add("splice-blank-past-end", lambda: S(doc_hook=_set("blocks.0.splices.0.4", splice_gaps([0, 5000], 2))))
     add("splice-replacement-past-end", lambda: S(doc_hook=_set("blocks.0.splices.0.5", [[5000, b"x"]])))
     add("splice-replacements-unsorted", lambda: S(doc_hook=_set("blocks.0.splices.0.5", [[2, b""], [1, b""]])))
@@ -449,6 +451,14 @@ def _source_in_a_splice(doc: dict) -> None:
     """A second splice whose source is the first one's text."""
     first = doc["blocks"][0]["splices"][0]
     doc["blocks"][0]["splices"].append([first[0] + first[3] + 1, first[0], first[3], 1, b"\x01", []])
+    doc["blocks"][0]["size"] += 1
+
+
+def empty_source_in_a_splice(doc: dict) -> None:
+    """A second splice whose source is empty and lies strictly inside the first one's text: an overlap (§5.1's
+    inequalities), though no byte of the text is read. Its one line is replaced by the one byte it inserts."""
+    first = doc["blocks"][0]["splices"][0]
+    doc["blocks"][0]["splices"].append([first[0] + first[3], first[0] + 1, 0, 1, b"\x01", [[0, b"Q"]]])
     doc["blocks"][0]["size"] += 1
 
 

@@ -12,7 +12,17 @@ import msgpack
 import pytest
 import spec_reader
 from conftest import FIXTURES
-from hostile import KEY, KEY2, MAGIC, Crafted, autotune, group, repeat_first_meta_key, spliced_group
+from hostile import (
+    KEY,
+    KEY2,
+    MAGIC,
+    Crafted,
+    autotune,
+    empty_source_in_a_splice,
+    group,
+    repeat_first_meta_key,
+    spliced_group,
+)
 
 import tritonpack
 from tritonpack.archive.reader import ArchiveReader
@@ -87,6 +97,10 @@ REFUSED = {
     "bin-key-in-meta": lambda: Crafted(doc_hook=lambda d: d["entries"][0]["meta"].update({b"x": 1})).build(),
     "key-twice-in-meta": lambda: Crafted(raw_hook=repeat_first_meta_key).build(),
     "tuning-key-33-deep": lambda: _tuning_key(32),
+    "blanks-empty": lambda: Crafted(entries=[spliced_group(KEY)], splice=True,
+                                    doc_hook=lambda d: d["blocks"][0]["splices"][0].__setitem__(4, b"")).build(),
+    "empty-source-inside-a-text": lambda: Crafted(entries=[spliced_group(KEY)], splice=True,
+                                                  doc_hook=empty_source_in_a_splice).build(),
 }
 
 
