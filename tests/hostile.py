@@ -76,10 +76,10 @@ class Crafted:
     The index document is built from ``entries`` (contents deduplicated into blobs, all in one block unless
     ``split`` puts each blob in its own block). ``doc_hook(doc)`` edits the msgpack document before encoding;
     ``pairs_hook(pairs)`` edits its top-level (key, value) pairs, in order, which are then encoded as one map
-    (keys may repeat); ``raw_index``, ``index_frame``, ``blocks_frames`` replace encoded parts;
-    ``trailer_hook(fields)`` edits the trailer fields (dict) before packing; ``post(bytes)`` edits the final
-    bytes. ``splice``: the block holding ``SPLICE_CUBIN`` stores it without ``SPLICE_TEXT``, spliced from
-    ``SPLICE_PTX`` (codec zstd-splice, §5.1).
+    (keys may repeat); ``raw_hook(raw)`` edits the encoded index before it is compressed; ``raw_index``,
+    ``index_frame``, ``blocks_frames`` replace encoded parts; ``trailer_hook(fields)`` edits the trailer fields
+    (dict) before packing; ``post(bytes)`` edits the final bytes. ``splice``: the block holding ``SPLICE_CUBIN``
+    stores it without ``SPLICE_TEXT``, spliced from ``SPLICE_PTX`` (codec zstd-splice, §5.1).
     """
 
     entries: list[dict] = field(default_factory=lambda: [group(KEY, "add_kernel")])
@@ -87,6 +87,7 @@ class Crafted:
     header: tuple = (MAGIC, 1, 0, 0)
     doc_hook: Callable[[dict], None] | None = None
     pairs_hook: Callable[[list], list] | None = None
+    raw_hook: Callable[[bytes], bytes] | None = None
     frame_hook: Callable[[int, bytes], bytes] | None = None
     raw_index: bytes | None = None
     index_frame: bytes | None = None
@@ -95,6 +96,7 @@ class Crafted:
     post: Callable[[bytes], bytes] | None = None
     block_sizes: dict[int, int] = field(default_factory=dict)  # declared size overrides
     splice: bool = False
+    gap: int = 0  # unused bytes before each block (writers leave none; readers accept them, §2)
 
     def build(self) -> bytes:
         contents: list[bytes] = []
@@ -129,6 +131,7 @@ class Crafted:
             frame = zframe(stored)
             if self.frame_hook:
                 frame = self.frame_hook(n, frame)
+            out += bytes(self.gap)
             blocks.append({"codec": block["codec"], "offset": len(out), "length": len(frame),
                            "size": self.block_sizes.get(n, len(data)), **({"splices": block["splices"]}
                                                                          if "splices" in block else {})})
@@ -143,6 +146,8 @@ class Crafted:
             pairs = self.pairs_hook(list(doc.items()))
             packer = msgpack.Packer(use_bin_type=True)
             raw = packer.pack_map_header(len(pairs)) + b"".join(packer.pack(k) + packer.pack(v) for k, v in pairs)
+        if self.raw_hook:
+            raw = self.raw_hook(raw)
         frame = self.index_frame if self.index_frame is not None else zframe(raw, 19)
         if self.index_hook:
             frame = self.index_hook(frame)
@@ -208,6 +213,15 @@ def _bomb_frame(size: int) -> bytes:
     return c.compress(b"\0" * size)
 
 
+def repeat_first_meta_key(raw: bytes) -> bytes:
+    """The index with the first entry's ``meta`` map (``group``'s, of fewer than 15 keys) holding its first key,
+    ``backend``, twice: a map that a dict cannot express."""
+    pair = msgpack.packb("backend") + msgpack.packb("cuda")
+    at = raw.index(pair)
+    assert 0x80 <= raw[at - 1] < 0x8F, "meta is not a small map that starts with backend"
+    return raw[:at - 1] + bytes([raw[at - 1] + 1]) + pair + raw[at:]
+
+
 def _deep(n: int):
     value: list = []
     for _ in range(n):
@@ -261,6 +275,9 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
     add("index-key-twice", lambda: C(pairs_hook=lambda p: [*p, p[-1]]).build())  # entries, twice
     add("index-blobs-twice", lambda: C(pairs_hook=lambda p: [*p[:-1], p[-2], p[-1]]).build())
     add("index-int-key-first", lambda: C(pairs_hook=lambda p: [(7, 1), *p]).build())
+    add("index-bin-key", lambda: C(pairs_hook=lambda p: [(b"x", 1), *p]).build())
+    add("msgpack-bin-key-in-meta", lambda: C(doc_hook=lambda d: d["entries"][0]["meta"].update({b"x": 1})).build())
+    add("msgpack-key-twice-in-meta", lambda: C(raw_hook=repeat_first_meta_key).build())
     add("index-entries-before-blobs-bad", lambda: C(pairs_hook=lambda p: [*p[:-2], p[-1], ("blobs", [[0, 0, 1]])]
                                                     ).build())
     add("index-blobs-not-an-array", lambda: C(pairs_hook=lambda p: [*p[:-2], ("blobs", {"a": 1}), p[-1]]).build())
@@ -398,11 +415,13 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
     add("splice-twice-at-one-place", lambda: S(doc_hook=lambda d: d["blocks"][0]["splices"].append(
         list(d["blocks"][0]["splices"][0]))))
     add("splice-source-in-a-splice", lambda: S(doc_hook=_source_in_a_splice))
+    add("splice-empty-source-in-a-splice", lambda: S(doc_hook=empty_source_in_a_splice))
     add("splice-length-lies", lambda: S(doc_hook=lambda d: d["blocks"][0]["splices"][0].__setitem__(
         3, len(SPLICE_TEXT) + 1)))
     add("splice-blanks-width-3", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"\x03" + b"\0" * 6)))
     add("splice-blanks-ragged", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"\x02\x01\x00\x01")))
     add("splice-blanks-gap-zero", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"\x01\x01\x00")))
+    add("splice-blanks-empty", lambda: S(doc_hook=_set("blocks.0.splices.0.4", b"")))  # none: b"\x01" (§5.1)
     add("splice-blank-past-end", lambda: S(doc_hook=_set("blocks.0.splices.0.4", splice_gaps([0, 5000], 2))))
     add("splice-replacement-past-end", lambda: S(doc_hook=_set("blocks.0.splices.0.5", [[5000, b"x"]])))
     add("splice-replacements-unsorted", lambda: S(doc_hook=_set("blocks.0.splices.0.5", [[2, b""], [1, b""]])))
@@ -432,6 +451,14 @@ def _source_in_a_splice(doc: dict) -> None:
     """A second splice whose source is the first one's text."""
     first = doc["blocks"][0]["splices"][0]
     doc["blocks"][0]["splices"].append([first[0] + first[3] + 1, first[0], first[3], 1, b"\x01", []])
+    doc["blocks"][0]["size"] += 1
+
+
+def empty_source_in_a_splice(doc: dict) -> None:
+    """A second splice whose source is empty and lies strictly inside the first one's text: an overlap (§5.1's
+    inequalities), though no byte of the text is read. Its one line is replaced by the one byte it inserts."""
+    first = doc["blocks"][0]["splices"][0]
+    doc["blocks"][0]["splices"].append([first[0] + first[3], first[0] + 1, 0, 1, b"\x01", [[0, b"Q"]]])
     doc["blocks"][0]["size"] += 1
 
 

@@ -183,3 +183,26 @@ def test_odd_but_legal_inputs_pack_into_readable_archives(tmp_path, monkeypatch)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "-1")
     with pytest.raises(tritonpack.UsageError, match="SOURCE_DATE_EPOCH"):
         tritonpack.pack(root, tmp_path / "k2.tpack")
+
+
+def test_values_an_index_cannot_hold_are_left_out_or_skipped(tmp_path, root):
+    """A kernel's metadata whose numbers are no uint (spec §1) packs without them; an autotune result whose values
+    msgpack cannot hold, or nested deeper than a reader accepts (§7), is skipped and reported. Either used to fail
+    the whole pack, with a traceback past 2^64."""
+    group = first_group(root)
+    manifest = next(group.glob("__grp__*.json"))
+    kernel = group / f"{manifest.name[len('__grp__'):]}"
+    fields = json.loads(kernel.read_text())
+    fields["num_warps"], fields["shared"] = 1 << 70, 1 << 63
+    kernel.write_text(json.dumps(fields))
+    deep: object = 1
+    for _ in range(32):
+        deep = [deep]
+    for label, key in (("huge", [1 << 64]), ("deep", [deep])):
+        (group / f"{label}.autotune.json").write_text(json.dumps({"key": key, "configs_timings": []}))
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    assert {s.path.rsplit("/", 1)[-1] for s in result.skipped if s.reason == "unreadable autotune result"} == \
+        {"huge.autotune.json", "deep.autotune.json"}
+    with tritonpack.open(tmp_path / "k.tpack") as reader:
+        packed = next(e.kernel for e in reader.entries if e.key == group.name and e.kind == "group")
+    assert packed.num_warps is None and packed.shared is None and packed.arch is not None

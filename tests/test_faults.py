@@ -239,6 +239,7 @@ def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive
     old.write_bytes(b"old")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     (key_dir / f"tmp.tpack.{dead}.bbbbbbbbbbbb").write_bytes(b"dead")
+    (key_dir / "tmp.tpack.9999999999.bbbbbbbbbbbb").write_bytes(b"no process has such a pid")
     # what must survive: a live unpack's temp file (its lock held), a fresh unlocked one of a live pid, Triton's
     # temp dir of a live compile, look-alike names, a link named like ours
     live = root / f"tmp.tpack.{os.getpid()}.11111111.lock"
@@ -277,6 +278,34 @@ def test_a_completed_run_leaves_no_temp_files(tmp_path, archive):
     assert not temp_files(root)
     assert tritonpack.unpack(archive, root, overwrite=True).replaced == 1
     assert not temp_files(root) and not group_problems(root, allowed(archive))
+
+
+def test_what_a_rename_cannot_replace_fails_before_anything_changes(tmp_path, archive, capsys):
+    """A directory where the archive has a file, or a key path that is not a directory, cannot be replaced by a
+    rename (spec §8.1): with --overwrite the unpack fails before it changes anything (it used to hide the group
+    and replace the files before that one first); without, the entry is kept, as any that differs."""
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    key_dir = make_differing_group(root)  # its .ttir: the group is to be replaced, files in manifest order
+    cubin = next(key_dir.glob("*.cubin"))  # after the .ttir in that order
+    cubin.unlink()
+    cubin.mkdir()
+    (cubin / "mine").write_text("a directory of the user's")
+    other = sorted(p for p in root.iterdir() if p.is_dir() and p != key_dir)[0]
+    shutil.rmtree(other)
+    other.write_text("a file of the user's")
+    for blocked, problem in ((cubin, "a directory, where the archive has a file"), (other, "not a directory")):
+        before, listing = snapshot(root), tree(root)
+        assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "-q"]) == 4
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {blocked}: {problem}") and err.count("\n") == 1, err
+        assert snapshot(root) == before and tree(root) == listing
+        result = tritonpack.unpack(archive, root)
+        assert result.written == 0 and {c.split("/")[0] for c in result.conflicts} == {key_dir.name, other.name}
+        assert snapshot(root) == before and tree(root) == listing
+        if blocked == cubin:
+            shutil.rmtree(cubin)
+            cubin.write_text("the user's own cubin")  # a file: replaced by --overwrite from here on
 
 
 # -- pack never changes its source --

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -126,15 +127,42 @@ def every_file(count: int) -> tuple[int, ...]:
 def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
-    another writer is still found."""
+    another writer is still found. Raises ``CacheError`` where the entry's files are to be written but a rename
+    cannot put them in place (a directory where a file goes, a key path that is not a directory): before anything
+    of the entry changes."""
     if fresh:
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     key_dir = os.path.join(root, entry.key)
-    if os.path.islink(key_dir):  # never write through a link out of the root, even with overwrite
-        return Placement(entry, blobs, CONFLICT)
-    if not os.path.isdir(key_dir):  # the common case of a fresh root: one stat instead of one per file
+    try:
+        mode = os.lstat(key_dir).st_mode
+    except FileNotFoundError:  # the common case of a fresh root: one look instead of one a file
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
+    if stat.S_ISLNK(mode):  # never write through a link out of the root, even with overwrite
+        return Placement(entry, blobs, CONFLICT)
+    if not stat.S_ISDIR(mode):  # every file differs, and a manifest cannot be read (spec §8.1)
+        if overwrite:
+            raise CacheError(f"not a directory, where the archive's {entry.name} goes", key_dir)
+        return Placement(entry, blobs, CONFLICT)
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
+    placement = _decided(root, entry, blobs, states, overwrite)
+    for i in placement.files:
+        if states[i] is False and _is_directory(path := os.path.join(key_dir, entry.files[i].name)):
+            raise CacheError("a directory, where the archive has a file (a rename cannot replace it)", path)
+    return placement
+
+
+def _is_directory(path: str) -> bool:
+    """Whether ``path`` is a directory itself (a link to one is replaced by a rename like any file)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _decided(root: str, entry: Entry, blobs: Sequence[int] | None, states: list[bool | None],
+             overwrite: bool) -> Placement:
+    """The placement of an entry whose key directory exists, from the state of each of its files (``_same_file``)
+    and its manifest (spec §8.1's tables)."""
     differs = any(s is False for s in states)
     todo = tuple(i for i, s in enumerate(states) if s is not True)
     if entry.kind != GROUP:
@@ -143,7 +171,7 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
         if differs:
             return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
         return Placement(entry, blobs, WRITE, todo)
-    manifest = _read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
+    manifest = _read_manifest(os.path.join(root, entry.key, manifest_name(entry.name)))
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
         return Placement(entry, blobs, WRITE, todo)
     if differs:

@@ -17,7 +17,7 @@ from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
-from .archive.index import valid_file_name
+from .archive.index import MAX_META_DEPTH, valid_file_name
 from .errors import CacheError
 from .forking import cores, fork_safe, forked_map
 from .model import (
@@ -198,8 +198,8 @@ def kernel_info(metadata: dict) -> KernelInfo:
     if not isinstance(target, dict):
         target = {}
 
-    def integer(value):
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    def integer(value):  # a uint of the index (spec §1): any other value is left out, as an unknown one
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63 else None
 
     def text(value):  # backend, version, arch, env: the same few values in every group, kept once (sys.intern)
         return sys.intern(value) if isinstance(value, str) else None
@@ -234,17 +234,37 @@ def autotune_info(file_name: str, data: dict) -> AutotuneInfo:
             raise ValueError("malformed configs_timings")
         config, timing = item
         timing = timing if isinstance(timing, list) else [timing]
-        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in timing):
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and abs(t) < _FLOAT_END for t in timing):
             raise ValueError("non-numeric timing")
         pairs.append((config, timing))
     best_config, best_timing = min(pairs, key=lambda pair: pair[1]) if pairs else ({}, [])
+    best_config = {k: v for k, v in best_config.items() if v is not None}
+    if not (_index_holds(key) and _index_holds(best_config)):
+        raise ValueError("values an archive's index cannot hold")
     return AutotuneInfo(
         function=file_name[: -len(AUTOTUNE_SUFFIX)],
         tuning_key=list(key),
         configs=len(timings),
-        best_config={k: v for k, v in best_config.items() if v is not None},
+        best_config=best_config,
         best_timing=[float(t) for t in best_timing],
     )
+
+
+_FLOAT_END = 1 << 1024  # ints from here on have no float
+
+
+def _index_holds(value) -> bool:
+    """Whether an autotune value (JSON) goes into an index that readers accept (spec §1, §7): ints that msgpack
+    holds (-2^63 to 2^64 - 1), nested at most ``MAX_META_DEPTH`` deep. Otherwise packing it raised OverflowError
+    (a traceback) or wrote an index the self-check refused, failing the whole pack for one file."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_META_DEPTH or (type(item) is int and not -1 << 63 <= item < 1 << 64):
+            return False
+        if isinstance(item, (list, dict)):
+            stack.extend((element, depth + 1) for element in (item.values() if isinstance(item, dict) else item))
+    return True
 
 
 def stub_info(file_name: str) -> StubInfo:

@@ -55,7 +55,7 @@ except ImportError:  # not POSIX: no run locks; the pid rule alone applies
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
+    if not 0 < pid < 1 << 31:  # no process has it (kill takes a 32-bit pid and raised OverflowError past it)
         return False
     try:
         os.kill(pid, 0)
