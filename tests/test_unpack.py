@@ -44,6 +44,50 @@ def test_differing_group_is_kept_unless_overwrite(tmp_path, archive):
     assert victim.read_text() != "// locally different\n"
 
 
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """The ``tritonpack`` command, in this process: exit status, standard output and error."""
+    from tritonpack.entry import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def unpack_json(capsys, archive, root, *args) -> dict:
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def first_group(archive) -> tritonpack.Entry:
+    with tritonpack.open(archive) as reader:
+        return next(e for e in reader.entries if e.kind == "group")
+
+
+def test_force_counts_what_it_wrote_and_names_what_was_there(tmp_path, archive, capsys):
+    """--force: ``forced`` counts the entries the preflight says will not be used that this run wrote;
+    those it found in place are said to be present, not written."""
+    from kernels import SOURCES, targets
+
+    root = tmp_path / "root"
+    unusable = len(SOURCES) * (len(targets()) - 1)  # all but cuda:80
+    first = unpack_json(capsys, archive, root, "--target", "cuda:80", "--force")
+    assert (first["written"], first["forced"], first["forced_present"]) == (first["entries"], unusable, 0)
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--target", "cuda:80", "--force")
+    assert code == 0 and f"0 written, {first['entries']} already present;" in out
+    assert "wrote" not in err, err
+    assert f"--force: {unusable} entries that the preflight says will not be used here were already present" in err
+    again = unpack_json(capsys, archive, root, "--target", "cuda:80", "--force")
+    assert (again["written"], again["forced"], again["forced_present"]) == (0, 0, unusable)
+    gone = next(m for m in root.glob("*/__grp__*.json") if '"arch": 80' not in (m.parent / m.name[7:]).read_text())
+    gone.unlink()
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--target", "cuda:80", "--force")
+    assert code == 0 and "1 written" in out
+    assert "--force: wrote 1 entry that the preflight says will not be used here" in err
+    assert f"--force: {unusable - 1} entries that the preflight says will not be used here were already present" \
+        in err
+
+
 def test_stale_manifest_with_identical_files_is_relinked(tmp_path, archive):
     root = tmp_path / "root"
     tritonpack.unpack(archive, root)

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from .cachedest import Placement
     from .cacheroot import Skipped
+    from .compat import CheckReport
 
 
 def human_bytes(n: float) -> str:
@@ -99,7 +102,8 @@ class UnpackResult(NamedTuple):
     unknown_entries: int
     not_used: list[tuple[str, int]]  # (reason, entries) left out by the preflight
     not_used_entries: int
-    forced: int  # entries written although the preflight says they will not be used
+    forced: int  # entries that the preflight says will not be used, written (replaced, relinked) by --force
+    forced_present: int  # entries that the preflight says will not be used, found already present with --force
     unchecked: list[str]
 
     def summary(self) -> str:
@@ -123,10 +127,12 @@ class UnpackResult(NamedTuple):
             shown = ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else "")
             lines.append(f"kept {len(self.conflicts)} existing entr{'y' if len(self.conflicts) == 1 else 'ies'} "
                          f"whose content differs from the archive (--overwrite replaces them): {shown}")
-        lines += [f"skipped {n} entr{'y' if n == 1 else 'ies'} that will not be used here: {reason}"
-                  for reason, n in self.not_used]
+        lines += [f"skipped {entries(n)} that will not be used here: {reason}" for reason, n in self.not_used]
         if self.forced:
-            lines.append(f"--force: wrote {self.forced} entries that the preflight says will not be used here")
+            lines.append(f"--force: wrote {entries(self.forced)} that the preflight says will not be used here")
+        if self.forced_present:
+            lines.append(f"--force: {entries(self.forced_present)} that the preflight says will not be used here "
+                         f"{'was' if self.forced_present == 1 else 'were'} already present")
         lines += [f"not checked: {note}" for note in self.unchecked]
         if self.unknown_entries:
             lines.append(f"skipped {self.unknown_entries} entries of a kind this tritonpack does not know "
@@ -135,6 +141,43 @@ class UnpackResult(NamedTuple):
 
     def to_dict(self) -> dict:
         return self._asdict()
+
+
+def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement], report: CheckReport, force: bool,
+                  files: int, size: int, seconds: float, unknown_entries: int) -> UnpackResult:
+    """What an unpack did, from the final placement of each entry the preflight's ``report`` checked (with
+    ``force`` every entry it checked is placed, in its order: ``forced`` counts only those written)."""
+    from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE
+
+    actions = Counter(p.action for p in placements)
+    forced: Counter[str] = Counter()
+    if force and report.unusable_count:
+        usable = report.verdicts.usable
+        forced.update(p.action for k, p in enumerate(placements) if not usable(k))
+    return UnpackResult(
+        archive=archive,
+        cache_dir=cache_dir,
+        entries=len(report.verdicts),
+        written=actions[WRITE],
+        present=actions[PRESENT],
+        relinked=actions[RELINK],
+        replaced=actions[REPLACE],
+        conflicts=[f"{p.entry.key}/{p.entry.name}" for p in placements if p.action == CONFLICT],
+        files_written=files,
+        bytes_written=size,
+        seconds=seconds,
+        kinds=kind_counts(e.kind for e in report.verdicts.entries),
+        unknown_entries=unknown_entries,
+        not_used=[] if force else report.reasons(),
+        not_used_entries=0 if force else report.unusable_count,
+        forced=forced[WRITE] + forced[REPLACE] + forced[RELINK],
+        forced_present=forced[PRESENT],
+        unchecked=report.unchecked,
+    )
+
+
+def entries(n: int) -> str:
+    return plural(n, "entry", "entries")
 
 
 def kind_counts(kinds) -> dict[str, int]:
