@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -25,6 +26,10 @@ PRESENT = "present"  # identical already: nothing to do
 RELINK = "relink"  # identical files, manifest points elsewhere: manifest rewritten
 CONFLICT = "conflict"  # different content present: kept
 REPLACE = "replace"  # different content present and overwrite asked: replaced
+LINKED = "linked"  # the key directory is a symbolic link: kept, never written through (overwrite or not)
+KEY_NOT_DIRECTORY = "key-not-directory"  # a file (anything but a directory) where the key directory goes: kept
+# (overwrite asked: REPLACE, and staging removes it)
+FILE_IS_DIRECTORY = "file-is-directory"  # a directory where one of its files goes: kept (no rename replaces it)
 
 
 class Placement(NamedTuple):
@@ -79,10 +84,17 @@ def manifest_size(root: str, entry: Entry) -> int:
     return 19 + 2 * len(names) + count * (len(prefix) + 6) + 2 * max(count - 1, 0)
 
 
-def _same_file(path: str, size: int, sha256: bytes) -> bool | None:
-    """True if identical, False if different, None if absent."""
+DIRECTORY = "directory"  # in ``_same_file``'s answers, beside True, False and None: a directory where a file goes
+
+
+def _same_file(path: str, size: int, sha256: bytes) -> bool | str | None:
+    """True if identical, False if different, None if absent, ``DIRECTORY`` if a directory (not a link to one)
+    stands there, which no rename replaces. Only a regular file is read: a FIFO would block the unpack."""
     try:
-        if os.path.getsize(path) != size:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return DIRECTORY if stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(os.lstat(path).st_mode) else False
+        if st.st_size != size:
             return False
         digest = hashlib.sha256()
         with open(path, "rb") as f:
@@ -91,18 +103,29 @@ def _same_file(path: str, size: int, sha256: bytes) -> bool | None:
         return digest.digest() == sha256
     except FileNotFoundError:
         return None
-    except (IsADirectoryError, NotADirectoryError):
+    except NotADirectoryError:
         return False
 
 
 def _read_manifest(path: str):
+    """The parsed manifest; None if absent, ``DIRECTORY`` if a directory stands there, ``{}`` if it is anything
+    else but JSON in a regular file (opened without blocking: a FIFO)."""
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
+    except OSError:
+        return {}
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a link to a directory is replaced like any link
+            return DIRECTORY if stat.S_ISDIR(mode) and stat.S_ISDIR(os.lstat(path).st_mode) else {}
+        with open(fd, "rb", closefd=False) as f:
+            return json.loads(f.read())
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
 
 
 def holds_nothing(root: str) -> bool:
@@ -130,11 +153,19 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
     if fresh:
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     key_dir = os.path.join(root, entry.key)
-    if os.path.islink(key_dir):  # never write through a link out of the root, even with overwrite
-        return Placement(entry, blobs, CONFLICT)
-    if not os.path.isdir(key_dir):  # the common case of a fresh root: one stat instead of one per file
+    try:
+        mode = os.lstat(key_dir).st_mode
+    except FileNotFoundError:  # the common case of a fresh root: one stat instead of one per file
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
+    if stat.S_ISLNK(mode):  # never write through a link out of the root, even with overwrite
+        return Placement(entry, blobs, LINKED)
+    if not stat.S_ISDIR(mode):  # a file where the key directory goes: staging removes it only if asked to
+        if overwrite:
+            return Placement(entry, blobs, REPLACE, every_file(len(entry.files)))
+        return Placement(entry, blobs, KEY_NOT_DIRECTORY)
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
+    if DIRECTORY in states:
+        return Placement(entry, blobs, FILE_IS_DIRECTORY)
     differs = any(s is False for s in states)
     todo = tuple(i for i, s in enumerate(states) if s is not True)
     if entry.kind != GROUP:
@@ -144,6 +175,8 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
             return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
         return Placement(entry, blobs, WRITE, todo)
     manifest = _read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
+    if manifest == DIRECTORY:
+        return Placement(entry, blobs, FILE_IS_DIRECTORY)
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
         return Placement(entry, blobs, WRITE, todo)
     if differs:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -424,6 +425,23 @@ class StageWriter:
                 os.rmdir(directory)
 
 
+def _is_directory(path: str) -> bool:
+    """Whether a directory, not a link to one, is there."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _unblock(key_dir: str) -> None:
+    """With overwrite: remove what stands where a key directory goes, unless a directory or a link is there (then
+    the staged directory's rename fails, and its entries are compared again, one by one)."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(key_dir).st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            os.unlink(key_dir)
+
+
 def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[Placement, int, int]:
     """Make one staged entry visible; return its final placement, files and bytes written."""
     key_dir = os.path.join(root, p.entry.key)
@@ -536,10 +554,10 @@ def write_staged(
         numbers = array("i", [NOT_STAGED]) * len(placements)  # by placement: where it writes (``Destinations``)
         for key, of_key in groupby(active, key_of):
             key_dir = os.path.join(root, key)
-            if not fresh and os.path.lexists(key_dir):
+            if not fresh and _is_directory(key_dir):
                 w.ensure_dir(key_dir)
                 at = KEY_DIRECTORY
-            else:
+            else:  # absent, or in the way (a link is never written through; a file, only replaced if asked)
                 at = w.stage_dir()
             for n in of_key:
                 numbers[n] = at
@@ -565,6 +583,8 @@ def write_staged(
             of_key = list(of_key)
             key_dir = os.path.join(root, key)
             at = numbers[of_key[0]]
+            if at >= 0 and any(placements[n].action == REPLACE for n in of_key):
+                _unblock(key_dir)
             if at >= 0 and w.rename_in(w.stage_path(at), key_dir):
                 for n in of_key:
                     p = placements[n]
