@@ -17,9 +17,10 @@ import stat
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from .archive.index import valid_file_name
 from .archive.reader import ArchiveReader
 from .errors import CacheError
-from .model import GROUP, Entry, manifest_name, names_of
+from .model import GROUP, MANIFEST_PREFIX, Entry, manifest_name, names_of
 
 WRITE = "write"  # absent (or invisible leftovers): written
 PRESENT = "present"  # identical already: nothing to do
@@ -40,6 +41,9 @@ class Placement(NamedTuple):
     action: str
     files: tuple[int, ...] = ()  # indices into entry.files to write
     manifest_seen: bool = False  # a group's manifest existed when this was planned (only then may it be hidden)
+    # Files beyond the entry's that the group's manifest lists (``place``): still listed by the manifest written, or,
+    # where the group is replaced, removed after it (the group then holds the archive's files alone)
+    others: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -53,15 +57,22 @@ class Placement(NamedTuple):
     def writes_manifest(self) -> bool:
         return self.entry.kind == GROUP and self.action in (WRITE, REPLACE, RELINK)
 
+    @property
+    def manifest_names(self) -> Sequence[str]:
+        """The names the manifest it writes lists: the entry's files, then ``others`` unless it replaces the group."""
+        names = self.entry.file_names
+        return (*names, *self.others) if self.others and self.action != REPLACE else names
+
 
 def blobs_of(p: Placement) -> Sequence[int]:
     """The archive's blob for each of the placement's ``entry.files``."""
     return p.blobs if p.blobs is not None else p.entry.files.blobs
 
 
-def manifest_bytes(root: str, entry: Entry) -> bytes:
-    """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
-    return manifest_json(os.path.join(root, entry.key, ""), names_of(entry.files))
+def manifest_bytes(root: str, entry: Entry, names: Sequence[str] | None = None) -> bytes:
+    """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order (``names``:
+    the files it lists, the entry's by default)."""
+    return manifest_json(os.path.join(root, entry.key, ""), names_of(entry.files) if names is None else names)
 
 
 def manifest_json(prefix: str, names: Sequence[str]) -> bytes:
@@ -72,15 +83,16 @@ def manifest_json(prefix: str, names: Sequence[str]) -> bytes:
 _JSON_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but " and \: json.dumps writes these as they are
 
 
-def manifest_size(root: str, entry: Entry) -> int:
-    """``len(manifest_bytes(root, entry))``, counted without building it where every path is plain ASCII (the
-    usual case): the free-space check needs the sizes before the workers build the bytes."""
+def manifest_size(root: str, entry: Entry, listed: Sequence[str] | None = None) -> int:
+    """``len(manifest_bytes(root, entry, listed))``, counted without building it where every path is plain ASCII
+    (the usual case): the free-space check needs the sizes before the workers build the bytes."""
+    listed = entry.file_names if listed is None else listed
     prefix = os.path.join(root, entry.key, "")
-    names = "".join(entry.file_names)  # one match for all: the pattern holds for each part iff for all
+    names = "".join(listed)  # one match for all: the pattern holds for each part iff for all
     if not _JSON_PLAIN.fullmatch(prefix + names):
-        return len(manifest_bytes(root, entry))
+        return len(manifest_bytes(root, entry, listed))
     # {"child_paths": {"<name>": "<prefix><name>", ...}}
-    count = len(entry.files)
+    count = len(listed)
     return 19 + 2 * len(names) + count * (len(prefix) + 6) + 2 * max(count - 1, 0)
 
 
@@ -146,6 +158,32 @@ def every_file(count: int) -> tuple[int, ...]:
     return tuple(range(count))
 
 
+def _others(key_dir: str, manifest, names: Sequence[str]) -> tuple[tuple[str, ...], bool]:
+    """The files beyond ``names`` that an existing manifest lists and that are regular files of the key directory,
+    in its order: the manifest an unpack writes keeps listing them, so that it never makes a group smaller (a
+    binary-only unpack over a whole group, an archive packed binary-only), unless the group is replaced. And whether
+    it lists others, which are not there (or have names no group could hold): a broken group, whose manifest then
+    stops listing them."""
+    children = manifest.get("child_paths") if isinstance(manifest, dict) else None
+    if not isinstance(children, dict):
+        return (), False
+    taken = set(names)
+    kept = []
+    gone = False
+    for name in children:
+        if name in taken:
+            continue
+        try:
+            if valid_file_name(name) and not name.startswith(MANIFEST_PREFIX) and \
+                    stat.S_ISREG(os.lstat(os.path.join(key_dir, name)).st_mode):
+                kept.append(name)
+                continue
+        except FileNotFoundError:
+            pass
+        gone = True
+    return tuple(kept), gone
+
+
 def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
@@ -179,14 +217,16 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
         return Placement(entry, blobs, FILE_IS_DIRECTORY)
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
         return Placement(entry, blobs, WRITE, todo)
+    if differs and not overwrite:
+        return Placement(entry, blobs, CONFLICT, (), True)
+    others, gone = _others(key_dir, manifest, entry.file_names)
     if differs:
-        return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else (), True)
-    if todo:  # a manifest whose files are missing is a broken group: repair it
-        return Placement(entry, blobs, WRITE, todo, True)
-    expected = json.loads(manifest_bytes(root, entry))
-    if manifest == expected:
+        return Placement(entry, blobs, REPLACE, todo, True, others)
+    if todo or gone:  # a manifest whose files are missing is a broken group: repair it
+        return Placement(entry, blobs, WRITE, todo, True, others)
+    if manifest == json.loads(manifest_bytes(root, entry, (*entry.file_names, *others))):
         return Placement(entry, blobs, PRESENT, (), True)
-    return Placement(entry, blobs, RELINK, (), True)
+    return Placement(entry, blobs, RELINK, (), True, others)
 
 
 def write_fd(fd: int, data: bytes | memoryview) -> None:
