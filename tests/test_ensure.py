@@ -106,6 +106,22 @@ def test_removed_entry_is_restored(tmp_path, archive):
     assert result.status == "unpacked" and result.written == 1 and manifest.exists()
 
 
+def test_what_ensure_keeps_is_said_with_its_reason_then_and_later(tmp_path, archive, capsys):
+    with tritonpack.open(archive) as reader:
+        group = next(e for e in reader.entries if e.kind == "group")
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / group.key).symlink_to(elsewhere)
+    for status in ("unpacked", "present"):  # the second from the stamp
+        assert main(["ensure", str(archive), "--cache-dir", str(root), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["status"] == status and doc["linked"] == [f"{group.key}/{group.name}"] and not doc["conflicts"]
+        assert main(["ensure", str(archive), "--cache-dir", str(root)]) == 0
+        assert "kept 1 entry whose key directory is a symbolic link" in capsys.readouterr().err
+    assert (root / group.key).is_symlink() and list(elsewhere.iterdir()) == []
+
+
 @pytest.mark.skipif(OTHER_VERSION is None, reason="no archive of another Triton version")
 def test_unusable_archive_writes_nothing_and_says_so(tmp_path, capsys):
     root = tmp_path / "root"

@@ -280,10 +280,10 @@ def test_a_completed_run_leaves_no_temp_files(tmp_path, archive):
     assert not temp_files(root) and not group_problems(root, allowed(archive))
 
 
-def test_what_a_rename_cannot_replace_fails_before_anything_changes(tmp_path, archive, capsys):
-    """A directory where the archive has a file, or a key path that is not a directory, cannot be replaced by a
-    rename (spec §8.1): with --overwrite the unpack fails before it changes anything (it used to hide the group
-    and replace the files before that one first); without, the entry is kept, as any that differs."""
+def test_what_a_rename_cannot_replace_is_kept_and_named(tmp_path, archive, capsys):
+    """A directory where the archive has a file cannot be replaced by a rename (spec §8.1): that group is kept
+    whole, even with --overwrite (which once hid its manifest and replaced its other files first). A file where a
+    key directory goes is kept without --overwrite and replaced with it. The other entries are unpacked."""
     root = tmp_path / "root"
     tritonpack.unpack(archive, root)
     key_dir = make_differing_group(root)  # its .ttir: the group is to be replaced, files in manifest order
@@ -294,18 +294,18 @@ def test_what_a_rename_cannot_replace_fails_before_anything_changes(tmp_path, ar
     other = sorted(p for p in root.iterdir() if p.is_dir() and p != key_dir)[0]
     shutil.rmtree(other)
     other.write_text("a file of the user's")
-    for blocked, problem in ((cubin, "a directory, where the archive has a file"), (other, "not a directory")):
-        before, listing = snapshot(root), tree(root)
-        assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "-q"]) == 4
-        err = capsys.readouterr().err
-        assert err.startswith(f"error: {blocked}: {problem}") and err.count("\n") == 1, err
-        assert snapshot(root) == before and tree(root) == listing
-        result = tritonpack.unpack(archive, root)
-        assert result.written == 0 and {c.split("/")[0] for c in result.conflicts} == {key_dir.name, other.name}
-        assert snapshot(root) == before and tree(root) == listing
-        if blocked == cubin:
-            shutil.rmtree(cubin)
-            cubin.write_text("the user's own cubin")  # a file: replaced by --overwrite from here on
+    blocked = tree(key_dir), snapshot(key_dir)
+    before, listing = snapshot(root), tree(root)
+    result = tritonpack.unpack(archive, root)
+    assert [c.split("/")[0] for c in result.file_is_directory] == [key_dir.name]
+    assert [c.split("/")[0] for c in result.key_not_directory] == [other.name] and result.written == 0
+    assert snapshot(root) == before and tree(root) == listing
+    assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert [c.split("/")[0] for c in done["file_is_directory"]] == [key_dir.name] and done["replaced"] == 1
+    assert (tree(key_dir), snapshot(key_dir)) == blocked
+    assert other.is_dir() and next(other.glob("__grp__*.json")).exists()
+    assert not temp_files(root)
 
 
 # -- pack never changes its source --

@@ -136,6 +136,23 @@ def test_rerun_is_idempotent_and_differing_values_are_kept_unless_overwrite(arch
     assert repaired.written == 1 and repaired.files_written == 1
 
 
+def test_force_counts_what_it_wrote(archive, db, port, capsys):
+    url = f"redis://127.0.0.1:{port}"
+    args = ["unpack", str(archive), "--to-redis", url, "--target", "cuda:80", "--force", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    with tritonpack.open(archive) as reader:
+        unusable = first["entries"] - len([e for e in reader.entries if e.target == "cuda:80"])
+    assert first["written"] == first["entries"] and first["forced"] == unusable > 0 and first["forced_present"] == 0
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["written"], again["forced"], again["forced_present"]) == (0, 0, unusable)
+    assert main(args[:-1]) == 0
+    err = capsys.readouterr().err
+    assert "wrote" not in err and f"--force: {unusable} entries that the preflight says will not be used here were " \
+        "already present" in err
+
+
 def test_preflight_applies(archive, db, port):
     result = tritonpack.unpack_to_redis(archive, f"redis://127.0.0.1:{port}", targets=["cuda:80"])
     assert result.not_used_entries == result.entries - result.written > 0

@@ -57,6 +57,94 @@ def test_binary_only_unpack_is_hit_by_triton(tmp_path, archive):
     assert snapshot(root) == before
 
 
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """The ``tritonpack`` command, in this process: exit status, standard output and error."""
+    from tritonpack.entry import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def manifests(root) -> dict[str, dict[str, str]]:
+    return {p.parent.name: json.loads(p.read_text())["child_paths"] for p in root.glob("*/__grp__*.json")}
+
+
+def test_binary_only_over_whole_groups_leaves_them_whole(tmp_path, compiled_root, archive, capsys):
+    """An unpack never makes a good group smaller: a group that already lists more files than a binary-only
+    unpack (or archive) takes, with the same binary and metadata, is present, and Triton still hits it."""
+    root = tmp_path / "root"
+    assert cli(capsys, "unpack", archive, "--cache-dir", root)[0] == 0
+    before, whole = snapshot(root), manifests(root)
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--binary-only", "--json")
+    doc = json.loads(out)
+    assert code == 0 and (doc["written"], doc["relinked"], doc["replaced"], doc["conflicts"]) == (0, 0, 0, []), err
+    assert doc["present"] == doc["entries"] == len(SOURCES) * len(targets())
+    assert snapshot(root) == before and all(len(children) > 2 for children in whole.values())
+    binary = tmp_path / "binary.tpack"  # packed binary-only: unpacked over the whole groups, the same
+    assert cli(capsys, "pack", compiled_root, "-o", binary, "--binary-only", "-q")[0] == 0
+    code, out, _ = cli(capsys, "unpack", binary, "--cache-dir", root)
+    assert code == 0 and f"0 written, {doc['entries']} already present;" in out
+    assert snapshot(root) == before
+    code, out, err = cli(capsys, "verify", root)
+    assert code == 0 and "all resolve" in out, (out, err)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert hits == [True] * len(SOURCES) * len(targets())
+    assert snapshot(root) == before  # a hit writes nothing
+
+
+def test_binary_only_relinks_a_copied_root_keeping_every_file_listed(tmp_path, archive, capsys):
+    """A copied root's manifests point into the old root: a binary-only unpack rewrites them for this root, still
+    listing every file of the group that is here."""
+    import shutil
+
+    old = tmp_path / "old"
+    assert cli(capsys, "unpack", archive, "--cache-dir", old)[0] == 0
+    root = tmp_path / "root"
+    shutil.copytree(old, root)
+    shutil.rmtree(old)
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--binary-only")
+    groups = len(SOURCES) * len(targets())
+    assert code == 0 and f"0 written, 0 already present, {groups} relinked;" in out, (out, err)
+    for key, children in manifests(root).items():
+        assert children == {p.name: str(p) for p in sorted((root / key).iterdir()) if "__grp__" not in p.name}
+    assert cli(capsys, "verify", root)[0] == 0
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert hits == [True] * groups
+    assert snapshot(root) == before
+
+
+def test_binary_only_groups_grow_whole_and_differing_ones_follow_the_conflict_rules(tmp_path, archive, capsys):
+    root = tmp_path / "root"
+    assert cli(capsys, "unpack", archive, "--cache-dir", root, "--binary-only", "-q")[0] == 0
+    code, out, _ = cli(capsys, "unpack", archive, "--cache-dir", root, "--json")  # the rest of each group: repaired
+    doc = json.loads(out)
+    assert code == 0 and doc["written"] == doc["entries"] and doc["present"] == 0
+    assert all(len(children) > 2 for children in manifests(root).values())
+    assert cli(capsys, "verify", root)[0] == 0
+    binary = next(p for p in root.glob("*/*") if p.suffix in (".cubin", ".hsaco"))
+    binary.write_bytes(b"compiled differently")
+    listed = manifests(root)[binary.parent.name]
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--binary-only")
+    assert code == 0 and "1 kept (differ)" in out and "--overwrite replaces them" in err, (out, err)
+    assert binary.read_bytes() == b"compiled differently" and manifests(root)[binary.parent.name] == listed
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--binary-only", "--overwrite")
+    assert code == 0 and "1 replaced" in out, (out, err)
+    assert binary.read_bytes() != b"compiled differently"
+    kept = sorted([binary.name, binary.with_suffix(".json").name])
+    assert sorted(manifests(root)[binary.parent.name]) == kept  # replaced by the archive's binary-only group
+    assert sorted(p.name for p in binary.parent.iterdir() if "__grp__" not in p.name) == kept
+    assert cli(capsys, "verify", root)[0] == 0
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert hits == [True] * len(SOURCES) * len(targets())
+    assert snapshot(root) == before
+
+
 def test_pack_filters(tmp_path, compiled_root):
     archive = tmp_path / "k.tpack"
     result = tritonpack.pack(compiled_root, archive,

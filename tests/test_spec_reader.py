@@ -122,6 +122,7 @@ def test_both_readers_refuse(tmp_path, name):
     assert not (tmp_path / "ref").exists() and not (tmp_path / "spc").exists()
 
 
+@pytest.mark.xfail(strict=True, reason="spec_reader still fails where §8.1 now keeps or replaces")
 def test_both_readers_keep_what_a_rename_cannot_replace(tmp_path):
     """§8.1: a directory where the archive has a file, a key path that is not a directory. With overwrite both
     fail and change nothing; without, both keep those entries (conflicts) and write the rest alike."""

@@ -42,10 +42,12 @@ def test_staged_files_read_back_per_entry():
 def test_manifest_jobs_are_made_as_they_are_read():
     entries = [_entry("KEY0", "a", 2), _entry("KEY1", "b", 3), _entry("KEY2", "c", 1)]
     placements = [Placement(e, (0,) * len(e.files), WRITE, tuple(range(len(e.files)))) for e in entries]
+    placements[2] = placements[2]._replace(others=("c.ptx",))  # its manifest keeps listing a file of the group's
     where = Destinations("/root", placements, array("i", [0, NOT_STAGED, KEY_DIRECTORY]), ["/root/.stage"])
     assert list(where) == [("/root/.stage0000", ("a.0", "a.1")), None, ("/root/KEY2", None)]
     jobs = ManifestJobs([0, 2], placements, where)
-    expected = [("/root/.stage0000", "__grp__a.json", 0, entries[0]), ("/root/KEY2", None, 2, entries[2])]
+    expected = [("/root/.stage0000", "__grp__a.json", 0, entries[0], ("a.0", "a.1")),
+                ("/root/KEY2", None, 2, entries[2], ("c.0", "c.ptx"))]
     assert len(jobs) == 2 and list(jobs) == expected and jobs[-1] == expected[-1]
     assert list(jobs[1:]) == expected[1:] and len(jobs[:0]) == 0
 

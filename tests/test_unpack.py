@@ -11,6 +11,7 @@ import pytest
 from conftest import snapshot
 
 import tritonpack
+from tritonpack.model import manifest_name
 
 
 @pytest.fixture()
@@ -42,6 +43,133 @@ def test_differing_group_is_kept_unless_overwrite(tmp_path, archive):
     replaced = tritonpack.unpack(archive, root, overwrite=True)
     assert replaced.replaced == 1 and replaced.conflicts == []
     assert victim.read_text() != "// locally different\n"
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """The ``tritonpack`` command, in this process: exit status, standard output and error."""
+    from tritonpack.entry import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def unpack_json(capsys, archive, root, *args) -> dict:
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def first_group(archive) -> tritonpack.Entry:
+    with tritonpack.open(archive) as reader:
+        return next(e for e in reader.entries if e.kind == "group")
+
+
+def test_force_counts_what_it_wrote_and_names_what_was_there(tmp_path, archive, capsys):
+    """--force: ``forced`` counts the entries the preflight says will not be used that this run wrote;
+    those it found in place are said to be present, not written."""
+    from kernels import SOURCES, targets
+
+    root = tmp_path / "root"
+    unusable = len(SOURCES) * (len(targets()) - 1)  # all but cuda:80
+    first = unpack_json(capsys, archive, root, "--target", "cuda:80", "--force")
+    assert (first["written"], first["forced"], first["forced_present"]) == (first["entries"], unusable, 0)
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--target", "cuda:80", "--force")
+    assert code == 0 and f"0 written, {first['entries']} already present;" in out
+    assert "wrote" not in err, err
+    assert f"--force: {unusable} entries that the preflight says will not be used here were already present" in err
+    again = unpack_json(capsys, archive, root, "--target", "cuda:80", "--force")
+    assert (again["written"], again["forced"], again["forced_present"]) == (0, 0, unusable)
+    gone = next(m for m in root.glob("*/__grp__*.json") if '"arch": 80' not in (m.parent / m.name[7:]).read_text())
+    gone.unlink()
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--target", "cuda:80", "--force")
+    assert code == 0 and "1 written" in out
+    assert "--force: wrote 1 entry that the preflight says will not be used here" in err
+    assert f"--force: {unusable - 1} entries that the preflight says will not be used here were already present" \
+        in err
+
+
+def test_a_symlinked_key_directory_is_kept_for_that_reason(tmp_path, archive, capsys):
+    group = first_group(archive)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / group.key).symlink_to(elsewhere)
+    for overwrite in ([], ["--overwrite"]):
+        doc = unpack_json(capsys, archive, root, *overwrite)
+        assert doc["linked"] == [f"{group.key}/{group.name}"] and doc["conflicts"] == [], doc
+        assert doc["written"] + doc["present"] == doc["entries"] - 1 and doc["replaced"] == 0
+        assert (root / group.key).is_symlink() and list(elsewhere.iterdir()) == []
+        code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, *overwrite)
+        assert code == 0 and "1 kept (key directory is a symbolic link)" in out and "differ" not in out
+        assert "kept 1 entry whose key directory is a symbolic link (never written through" in err
+        assert "content differs" not in err
+
+
+def test_a_file_where_a_key_directory_goes_is_kept_unless_overwrite(tmp_path, archive, capsys):
+    """A file in the key directory's place is counted and named, the other entries are unpacked; --overwrite
+    replaces it with the archive's key directory (the user asked for the archive's content there)."""
+    from kernels import HAS_LISTENER, compile_all
+
+    group = first_group(archive)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / group.key).write_text("in the way")
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root)
+    assert code == 0 and "1 kept (key directory is not a directory)" in out, (out, err)
+    assert f"whose key directory is taken by a file, or anything else but a directory (--overwrite replaces it): " \
+           f"{group.key}/{group.name}" in err
+    assert (root / group.key).read_text() == "in the way"
+    doc = unpack_json(capsys, archive, root)
+    assert doc["key_not_directory"] == [f"{group.key}/{group.name}"] and doc["conflicts"] == []
+    assert doc["present"] == doc["entries"] - 1
+    code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, "--overwrite")
+    assert code == 0 and "1 replaced" in out and "kept" not in out, (out, err)
+    assert (root / group.key / manifest_name(group.name)).is_file()
+    assert cli(capsys, "verify", root)[0] == 0
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert snapshot(root) == before
+
+
+def test_a_directory_where_a_file_goes_is_kept_even_with_overwrite(tmp_path, archive, capsys):
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    group = first_group(archive)
+    victim = root / group.key / group.files[0].name
+    victim.unlink()
+    victim.mkdir()
+    (victim / "user data").write_text("kept")
+    manifest = root / group.key / manifest_name(group.name)
+    listed = manifest.read_bytes()
+    for overwrite in ([], ["--overwrite"]):
+        code, out, err = cli(capsys, "unpack", archive, "--cache-dir", root, *overwrite)
+        assert code == 0 and "1 kept (a file is a directory)" in out, (out, err)
+        assert f"with a directory where one of its files goes (never removed, not even with --overwrite): " \
+               f"{group.key}/{group.name}" in err
+        assert (victim / "user data").read_text() == "kept" and manifest.read_bytes() == listed
+    assert unpack_json(capsys, archive, root, "--overwrite")["file_is_directory"] == [f"{group.key}/{group.name}"]
+    assert not list(root.rglob("tmp.tpack.*"))
+
+
+def test_a_fifo_in_the_root_is_never_opened_for_reading(tmp_path, archive):
+    """A FIFO where a manifest goes would block a reader for ever: it is replaced (unreadable, as the spec says)."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    group = first_group(archive)
+    manifest = root / group.key / manifest_name(group.name)
+    manifest.unlink()
+    os.mkfifo(manifest)
+    done = subprocess.run([sys.executable, "-m", "tritonpack", "unpack", str(archive), "--cache-dir", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1 relinked" in done.stdout, done
+    assert manifest.is_file() and json.loads(manifest.read_text())["child_paths"]
 
 
 def test_stale_manifest_with_identical_files_is_relinked(tmp_path, archive):

@@ -310,8 +310,8 @@ def unpack(
     and the archive is a local file, as the ``tritonpack`` command does. Off by default: inside a program of
     your own, a fork would copy whatever locks its native threads hold.
     """
-    from .cachedest import CONFLICT, PRESENT, RELINK, REPLACE, WRITE, holds_nothing, materialize, place
-    from .report import UnpackResult, kind_counts
+    from .cachedest import holds_nothing, materialize, place
+    from .report import unpack_result
     from .workers import Launcher
 
     start = time.perf_counter()
@@ -323,7 +323,6 @@ def unpack(
             ArchiveReader(open_source(archive), on_blocks=launcher,
                           on_blobs=launcher.on_blobs if launcher else None) as reader:
         chosen, report = preflight(reader, targets, selection, force, gpus)
-        entries = report.verdicts.entries
         try:
             fresh = holds_nothing(root)
             every = reader.entries
@@ -334,28 +333,10 @@ def unpack(
         total = sum(p.size for p in placements)
         written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
                               workers=launcher.workers if launcher else None)
-        placements = written.placements  # as done: an entry completed meanwhile by another writer is not rewritten
-        actions = [p.action for p in placements]
-        return UnpackResult(
-            archive=os.fspath(archive),
-            cache_dir=root,
-            entries=len(entries),
-            written=actions.count(WRITE),
-            present=actions.count(PRESENT),
-            relinked=actions.count(RELINK),
-            replaced=actions.count(REPLACE),
-            conflicts=[f"{p.entry.key}/{p.entry.name}" for p in placements if p.action == CONFLICT],
-            files_written=written.files,
-            bytes_written=written.bytes,
-            seconds=time.perf_counter() - start,
-            kinds=kind_counts(e.kind for e in entries),
-            unknown_entries=reader.index.unknown_entries,
-            not_used=[] if force else report.reasons(),
-            not_used_entries=0 if force else report.unusable_count,
-            forced=report.unusable_count if force else 0,
-            unchecked=report.unchecked,
-            not_selected=len(every) - len(entries),
-        )
+        # As done: an entry completed meanwhile by another writer is not rewritten
+        return unpack_result(os.fspath(archive), root, written.placements, report, force, written.files,
+                             written.bytes, time.perf_counter() - start, reader.index.unknown_entries,
+                             not_selected=len(every) - len(report.verdicts))
 
 
 def _taken(entry: Entry, keep: list[int]) -> tuple[Entry, tuple[int, ...] | None]:

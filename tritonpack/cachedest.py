@@ -17,15 +17,20 @@ import stat
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from .archive.index import valid_file_name
 from .archive.reader import ArchiveReader
 from .errors import CacheError
-from .model import GROUP, Entry, manifest_name, names_of
+from .model import GROUP, MANIFEST_PREFIX, Entry, manifest_name, names_of
 
 WRITE = "write"  # absent (or invisible leftovers): written
 PRESENT = "present"  # identical already: nothing to do
 RELINK = "relink"  # identical files, manifest points elsewhere: manifest rewritten
 CONFLICT = "conflict"  # different content present: kept
 REPLACE = "replace"  # different content present and overwrite asked: replaced
+LINKED = "linked"  # the key directory is a symbolic link: kept, never written through (overwrite or not)
+KEY_NOT_DIRECTORY = "key-not-directory"  # a file (anything but a directory) where the key directory goes: kept
+# (overwrite asked: REPLACE, and staging removes it)
+FILE_IS_DIRECTORY = "file-is-directory"  # a directory where one of its files goes: kept (no rename replaces it)
 
 
 class Placement(NamedTuple):
@@ -36,6 +41,9 @@ class Placement(NamedTuple):
     action: str
     files: tuple[int, ...] = ()  # indices into entry.files to write
     manifest_seen: bool = False  # a group's manifest existed when this was planned (only then may it be hidden)
+    # Files beyond the entry's that the group's manifest lists (``place``): still listed by the manifest written, or,
+    # where the group is replaced, removed after it (the group then holds the archive's files alone)
+    others: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -49,15 +57,22 @@ class Placement(NamedTuple):
     def writes_manifest(self) -> bool:
         return self.entry.kind == GROUP and self.action in (WRITE, REPLACE, RELINK)
 
+    @property
+    def manifest_names(self) -> Sequence[str]:
+        """The names the manifest it writes lists: the entry's files, then ``others`` unless it replaces the group."""
+        names = self.entry.file_names
+        return (*names, *self.others) if self.others and self.action != REPLACE else names
+
 
 def blobs_of(p: Placement) -> Sequence[int]:
     """The archive's blob for each of the placement's ``entry.files``."""
     return p.blobs if p.blobs is not None else p.entry.files.blobs
 
 
-def manifest_bytes(root: str, entry: Entry) -> bytes:
-    """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order."""
-    return manifest_json(os.path.join(root, entry.key, ""), names_of(entry.files))
+def manifest_bytes(root: str, entry: Entry, names: Sequence[str] | None = None) -> bytes:
+    """Exactly what Triton's ``put_group`` writes: ``json.dumps`` of the child paths, in manifest order (``names``:
+    the files it lists, the entry's by default)."""
+    return manifest_json(os.path.join(root, entry.key, ""), names_of(entry.files) if names is None else names)
 
 
 def manifest_json(prefix: str, names: Sequence[str]) -> bytes:
@@ -68,22 +83,30 @@ def manifest_json(prefix: str, names: Sequence[str]) -> bytes:
 _JSON_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but " and \: json.dumps writes these as they are
 
 
-def manifest_size(root: str, entry: Entry) -> int:
-    """``len(manifest_bytes(root, entry))``, counted without building it where every path is plain ASCII (the
-    usual case): the free-space check needs the sizes before the workers build the bytes."""
+def manifest_size(root: str, entry: Entry, listed: Sequence[str] | None = None) -> int:
+    """``len(manifest_bytes(root, entry, listed))``, counted without building it where every path is plain ASCII
+    (the usual case): the free-space check needs the sizes before the workers build the bytes."""
+    listed = entry.file_names if listed is None else listed
     prefix = os.path.join(root, entry.key, "")
-    names = "".join(entry.file_names)  # one match for all: the pattern holds for each part iff for all
+    names = "".join(listed)  # one match for all: the pattern holds for each part iff for all
     if not _JSON_PLAIN.fullmatch(prefix + names):
-        return len(manifest_bytes(root, entry))
+        return len(manifest_bytes(root, entry, listed))
     # {"child_paths": {"<name>": "<prefix><name>", ...}}
-    count = len(entry.files)
+    count = len(listed)
     return 19 + 2 * len(names) + count * (len(prefix) + 6) + 2 * max(count - 1, 0)
 
 
-def _same_file(path: str, size: int, sha256: bytes) -> bool | None:
-    """True if identical, False if different, None if absent."""
+DIRECTORY = "directory"  # in ``_same_file``'s answers, beside True, False and None: a directory where a file goes
+
+
+def _same_file(path: str, size: int, sha256: bytes) -> bool | str | None:
+    """True if identical, False if different, None if absent, ``DIRECTORY`` if a directory (not a link to one)
+    stands there, which no rename replaces. Only a regular file is read: a FIFO would block the unpack."""
     try:
-        if os.path.getsize(path) != size:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return DIRECTORY if stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(os.lstat(path).st_mode) else False
+        if st.st_size != size:
             return False
         digest = hashlib.sha256()
         with open(path, "rb") as f:
@@ -92,18 +115,29 @@ def _same_file(path: str, size: int, sha256: bytes) -> bool | None:
         return digest.digest() == sha256
     except FileNotFoundError:
         return None
-    except (IsADirectoryError, NotADirectoryError):
+    except NotADirectoryError:
         return False
 
 
 def _read_manifest(path: str):
+    """The parsed manifest; None if absent, ``DIRECTORY`` if a directory stands there, ``{}`` if it is anything
+    else but JSON in a regular file (opened without blocking: a FIFO)."""
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
+    except OSError:
+        return {}
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a link to a directory is replaced like any link
+            return DIRECTORY if stat.S_ISDIR(mode) and stat.S_ISDIR(os.lstat(path).st_mode) else {}
+        with open(fd, "rb", closefd=False) as f:
+            return json.loads(f.read())
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
 
 
 def holds_nothing(root: str) -> bool:
@@ -124,6 +158,32 @@ def every_file(count: int) -> tuple[int, ...]:
     return tuple(range(count))
 
 
+def _others(key_dir: str, manifest, names: Sequence[str]) -> tuple[tuple[str, ...], bool]:
+    """The files beyond ``names`` that an existing manifest lists and that are regular files of the key directory,
+    in its order: the manifest an unpack writes keeps listing them, so that it never makes a group smaller (a
+    binary-only unpack over a whole group, an archive packed binary-only), unless the group is replaced. And whether
+    it lists others, which are not there (or have names no group could hold): a broken group, whose manifest then
+    stops listing them."""
+    children = manifest.get("child_paths") if isinstance(manifest, dict) else None
+    if not isinstance(children, dict):
+        return (), False
+    taken = set(names)
+    kept = []
+    gone = False
+    for name in children:
+        if name in taken:
+            continue
+        try:
+            if valid_file_name(name) and not name.startswith(MANIFEST_PREFIX) and \
+                    stat.S_ISREG(os.lstat(os.path.join(key_dir, name)).st_mode):
+                kept.append(name)
+                continue
+        except FileNotFoundError:
+            pass
+        gone = True
+    return tuple(kept), gone
+
+
 def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
@@ -135,34 +195,17 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
     key_dir = os.path.join(root, entry.key)
     try:
         mode = os.lstat(key_dir).st_mode
-    except FileNotFoundError:  # the common case of a fresh root: one look instead of one a file
+    except FileNotFoundError:  # the common case of a fresh root: one stat instead of one per file
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     if stat.S_ISLNK(mode):  # never write through a link out of the root, even with overwrite
-        return Placement(entry, blobs, CONFLICT)
-    if not stat.S_ISDIR(mode):  # every file differs, and a manifest cannot be read (spec §8.1)
+        return Placement(entry, blobs, LINKED)
+    if not stat.S_ISDIR(mode):  # a file where the key directory goes: staging removes it only if asked to
         if overwrite:
-            raise CacheError(f"not a directory, where the archive's {entry.name} goes", key_dir)
-        return Placement(entry, blobs, CONFLICT)
+            return Placement(entry, blobs, REPLACE, every_file(len(entry.files)))
+        return Placement(entry, blobs, KEY_NOT_DIRECTORY)
     states = [_same_file(os.path.join(key_dir, f.name), f.size, f.sha256) for f in entry.files]
-    placement = _decided(root, entry, blobs, states, overwrite)
-    for i in placement.files:
-        if states[i] is False and _is_directory(path := os.path.join(key_dir, entry.files[i].name)):
-            raise CacheError("a directory, where the archive has a file (a rename cannot replace it)", path)
-    return placement
-
-
-def _is_directory(path: str) -> bool:
-    """Whether ``path`` is a directory itself (a link to one is replaced by a rename like any file)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _decided(root: str, entry: Entry, blobs: Sequence[int] | None, states: list[bool | None],
-             overwrite: bool) -> Placement:
-    """The placement of an entry whose key directory exists, from the state of each of its files (``_same_file``)
-    and its manifest (spec §8.1's tables)."""
+    if DIRECTORY in states:
+        return Placement(entry, blobs, FILE_IS_DIRECTORY)
     differs = any(s is False for s in states)
     todo = tuple(i for i, s in enumerate(states) if s is not True)
     if entry.kind != GROUP:
@@ -171,17 +214,21 @@ def _decided(root: str, entry: Entry, blobs: Sequence[int] | None, states: list[
         if differs:
             return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
         return Placement(entry, blobs, WRITE, todo)
-    manifest = _read_manifest(os.path.join(root, entry.key, manifest_name(entry.name)))
+    manifest = _read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
+    if manifest == DIRECTORY:
+        return Placement(entry, blobs, FILE_IS_DIRECTORY)
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
         return Placement(entry, blobs, WRITE, todo)
+    if differs and not overwrite:
+        return Placement(entry, blobs, CONFLICT, (), True)
+    others, gone = _others(key_dir, manifest, entry.file_names)
     if differs:
-        return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else (), True)
-    if todo:  # a manifest whose files are missing is a broken group: repair it
-        return Placement(entry, blobs, WRITE, todo, True)
-    expected = json.loads(manifest_bytes(root, entry))
-    if manifest == expected:
+        return Placement(entry, blobs, REPLACE, todo, True, others)
+    if todo or gone:  # a manifest whose files are missing is a broken group: repair it
+        return Placement(entry, blobs, WRITE, todo, True, others)
+    if manifest == json.loads(manifest_bytes(root, entry, (*entry.file_names, *others))):
         return Placement(entry, blobs, PRESENT, (), True)
-    return Placement(entry, blobs, RELINK, (), True)
+    return Placement(entry, blobs, RELINK, (), True, others)
 
 
 def write_fd(fd: int, data: bytes | memoryview) -> None:

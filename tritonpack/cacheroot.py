@@ -24,6 +24,7 @@ from .model import (
     AUTOTUNE,
     FILE,
     GROUP,
+    MANIFEST_PREFIX,
     AutotuneInfo,
     KernelInfo,
     LazyFiles,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 # hex (3.0-3.1), urlsafe base64 (3.2), base32 (3.3+); a little wider so that future encodings still read.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_\-=]{16,128}")
-MANIFEST_PREFIX = "__grp__"
 AUTOTUNE_SUFFIX = ".autotune.json"
 # Files only a compile writes; seen without a manifest they mean an interrupted compile.
 KERNEL_SUFFIXES = (".json", ".source", ".ttir", ".ttgir", ".llir", ".ptx", ".cubin", ".amdgcn", ".hsaco", ".glir")

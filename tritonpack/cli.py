@@ -116,7 +116,8 @@ def unpack(
     to_redis: str | None = typer.Option(
         None, "--to-redis", help="Write into Redis (redis://HOST:PORT) in the layout of Triton's "
                                  "RedisRemoteCacheBackend instead of a cache root."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing entries whose content differs, and "
+                                   "a file where a key directory goes."),
     force: bool = typer.Option(False, "--force", help="Write entries the preflight says will not be used here."),
     target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
     arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),

@@ -32,7 +32,7 @@ from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trail
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, UsageError
 from .model import GROUP, manifest_name
-from .report import plural
+from .report import kept_lines, plural
 from .triton_env import cache_root
 
 STAMP_VERSION = 1
@@ -51,7 +51,10 @@ class EnsureResult:
     entries: int
     usable: int  # entries this environment will use
     written: int  # entries written by this call
-    conflicts: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)  # kept: content differs
+    linked: list[str] = field(default_factory=list)  # kept: the key directory is a symbolic link
+    key_not_directory: list[str] = field(default_factory=list)  # kept: a file where the key directory goes
+    file_is_directory: list[str] = field(default_factory=list)  # kept: a directory where one of its files goes
     not_used: list[tuple[str, int]] = field(default_factory=list)  # (reason, entries)
     unchecked: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -70,9 +73,7 @@ class EnsureResult:
 
     def notes(self) -> list[str]:
         lines = [f"not used here, {n}: {reason}" for reason, n in self.not_used]
-        if self.conflicts:
-            lines.append(f"kept {len(self.conflicts)} existing entries whose content differs: "
-                         + ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else ""))
+        lines += kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
         return lines + [f"not checked: {note}" for note in self.unchecked]
 
     def to_dict(self) -> dict:
@@ -166,8 +167,9 @@ def _stamped(stamp: str, root: str, archive: str, waited: bool, start: float) ->
         return EnsureResult(
             archive=archive, cache_dir=root, digest=doc["digest"], status=UNUSABLE if doc["unusable"] else PRESENT,
             waited=waited, entries=doc["entries"], usable=doc["usable"], written=0, conflicts=doc["conflicts"],
-            not_used=[tuple(r) for r in doc["not_used"]], unchecked=doc["unchecked"],
-            seconds=time.perf_counter() - start, stamp=stamp)
+            linked=doc.get("linked", []), key_not_directory=doc.get("key_not_directory", []),
+            file_is_directory=doc.get("file_is_directory", []), not_used=[tuple(r) for r in doc["not_used"]],
+            unchecked=doc["unchecked"], seconds=time.perf_counter() - start, stamp=stamp)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -214,8 +216,9 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
     markers = [m for m in markers if os.path.exists(os.path.join(root, m))]
     usable = result.entries - result.not_used_entries
     return EnsureResult(archive, root, digest, UNPACKED, False, result.entries, usable,
-                        result.written + result.relinked, conflicts=result.conflicts, not_used=result.not_used,
-                        unchecked=result.unchecked), markers
+                        result.written + result.relinked, conflicts=result.conflicts, linked=result.linked,
+                        key_not_directory=result.key_not_directory, file_is_directory=result.file_is_directory,
+                        not_used=result.not_used, unchecked=result.unchecked), markers
 
 
 def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> None:
@@ -223,6 +226,8 @@ def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> None:
 
     doc = {"stamp": STAMP_VERSION, "digest": result.digest, "unusable": result.status == UNUSABLE,
            "entries": result.entries, "usable": result.usable, "conflicts": result.conflicts,
+           "linked": result.linked, "key_not_directory": result.key_not_directory,
+           "file_is_directory": result.file_is_directory,
            "not_used": result.not_used, "unchecked": result.unchecked, "markers": markers}
     try:
         atomic_write(os.path.dirname(stamp), os.path.basename(stamp), json.dumps(doc, indent=1).encode())

@@ -14,11 +14,12 @@ GROUP = "group"
 AUTOTUNE = "autotune"
 FILE = "file"
 KINDS = (GROUP, AUTOTUNE, FILE)
+MANIFEST_PREFIX = "__grp__"
 
 
 def manifest_name(group_name: str) -> str:
     """Triton names a group's manifest after its metadata file: ``__grp__<name>.json``."""
-    return f"__grp__{group_name}.json"
+    return f"{MANIFEST_PREFIX}{group_name}.json"
 
 
 class StoredFile(NamedTuple):

@@ -28,7 +28,7 @@ from .cachedest import CONFLICT, PRESENT, REPLACE, WRITE, Placement
 from .errors import RemoteError, UsageError
 from .model import GROUP, Entry, manifest_name
 from .remote import open_source
-from .report import UnpackResult, kind_counts
+from .report import UnpackResult, unpack_result
 
 DEFAULT_KEY_FORMAT = "triton:{key}:{filename}"  # Triton's TRITON_REDIS_KEY_FORMAT default (3.3-3.9)
 BATCH_BYTES = 32 << 20  # values sent per pipeline round trip, at most (besides one larger value)
@@ -208,23 +208,5 @@ def unpack_to_redis(
             files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))
     finally:
         client.close()
-    actions = [p.action for p in plans]
-    return UnpackResult(
-        archive=os.fspath(archive),
-        cache_dir=shown,
-        entries=len(reader.entries),
-        written=actions.count(WRITE),
-        present=actions.count(PRESENT),
-        relinked=0,
-        replaced=actions.count(REPLACE),
-        conflicts=[f"{p.entry.key}/{p.entry.name}" for p in plans if p.action == CONFLICT],
-        files_written=files,
-        bytes_written=written,
-        seconds=time.perf_counter() - start,
-        kinds=kind_counts(e.kind for e in reader.entries),
-        unknown_entries=reader.index.unknown_entries,
-        not_used=[] if force else report.reasons(),
-        not_used_entries=0 if force else report.unusable_count,
-        forced=report.unusable_count if force else 0,
-        unchecked=report.unchecked,
-    )
+    return unpack_result(os.fspath(archive), shown, plans, report, force, files, written,
+                         time.perf_counter() - start, reader.index.unknown_entries)

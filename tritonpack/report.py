@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from .cachedest import Placement
     from .cacheroot import Skipped
+    from .compat import CheckReport
 
 
 def human_bytes(n: float) -> str:
@@ -111,8 +114,12 @@ class UnpackResult(NamedTuple):
     unknown_entries: int
     not_used: list[tuple[str, int]]  # (reason, entries) left out by the preflight
     not_used_entries: int
-    forced: int  # entries written although the preflight says they will not be used
+    forced: int  # entries that the preflight says will not be used, written (replaced, relinked) by --force
+    forced_present: int  # entries that the preflight says will not be used, found already present with --force
     unchecked: list[str]
+    linked: list[str]  # kept: the key directory is a symbolic link (never written through)
+    key_not_directory: list[str]  # kept: a file (anything but a directory) where the key directory goes
+    file_is_directory: list[str]  # kept: a directory where one of the entry's files goes (never removed)
     not_selected: int = 0  # entries of the archive that the selection (targets, kernel names) left out
 
     def summary(self) -> str:
@@ -123,6 +130,12 @@ class UnpackResult(NamedTuple):
             parts.append(f"{self.replaced} replaced")
         if self.conflicts:
             parts.append(f"{len(self.conflicts)} kept (differ)")
+        if self.linked:
+            parts.append(f"{len(self.linked)} kept (key directory is a symbolic link)")
+        if self.key_not_directory:
+            parts.append(f"{len(self.key_not_directory)} kept (key directory is not a directory)")
+        if self.file_is_directory:
+            parts.append(f"{len(self.file_is_directory)} kept (a file is a directory)")
         if self.not_used_entries:
             parts.append(f"{self.not_used_entries} not used here (skipped)")
         count = plural(self.entries, "entry", "entries")
@@ -131,18 +144,15 @@ class UnpackResult(NamedTuple):
                 f"in {self.seconds:.2f} s")
 
     def notes(self) -> list[str]:
-        lines = []
-        if self.conflicts:
-            shown = ", ".join(self.conflicts[:3]) + (", ..." if len(self.conflicts) > 3 else "")
-            lines.append(f"kept {len(self.conflicts)} existing entr{'y' if len(self.conflicts) == 1 else 'ies'} "
-                         f"whose content differs from the archive (--overwrite replaces them): {shown}")
+        lines = kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
         if self.not_selected:
-            lines.append(f"left out {plural(self.not_selected, 'entry', 'entries')} that --arch or --kernel does "
-                         "not select")
-        lines += [f"skipped {n} entr{'y' if n == 1 else 'ies'} that will not be used here: {reason}"
-                  for reason, n in self.not_used]
+            lines.append(f"left out {entries(self.not_selected)} that --arch or --kernel does not select")
+        lines += [f"skipped {entries(n)} that will not be used here: {reason}" for reason, n in self.not_used]
         if self.forced:
-            lines.append(f"--force: wrote {self.forced} entries that the preflight says will not be used here")
+            lines.append(f"--force: wrote {entries(self.forced)} that the preflight says will not be used here")
+        if self.forced_present:
+            lines.append(f"--force: {entries(self.forced_present)} that the preflight says will not be used here "
+                         f"{'was' if self.forced_present == 1 else 'were'} already present")
         lines += [f"not checked: {note}" for note in self.unchecked]
         if self.unknown_entries:
             lines.append(f"skipped {self.unknown_entries} entries of a kind this tritonpack does not know "
@@ -151,6 +161,76 @@ class UnpackResult(NamedTuple):
 
     def to_dict(self) -> dict:
         return self._asdict()
+
+
+def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement], report: CheckReport, force: bool,
+                  files: int, size: int, seconds: float, unknown_entries: int, not_selected: int = 0) -> UnpackResult:
+    """What an unpack did, from the final placement of each entry the preflight's ``report`` checked (with
+    ``force`` every entry it checked is placed, in its order: ``forced`` counts only those written)."""
+    from .cachedest import CONFLICT, FILE_IS_DIRECTORY, KEY_NOT_DIRECTORY, LINKED, PRESENT, RELINK, REPLACE, WRITE
+
+    actions = Counter(p.action for p in placements)
+
+    def named(action: str) -> list[str]:
+        return [f"{p.entry.key}/{p.entry.name}" for p in placements if p.action == action] if actions[action] else []
+
+    forced: Counter[str] = Counter()
+    if force and report.unusable_count:
+        usable = report.verdicts.usable
+        forced.update(p.action for k, p in enumerate(placements) if not usable(k))
+    return UnpackResult(
+        archive=archive,
+        cache_dir=cache_dir,
+        entries=len(report.verdicts),
+        written=actions[WRITE],
+        present=actions[PRESENT],
+        relinked=actions[RELINK],
+        replaced=actions[REPLACE],
+        conflicts=named(CONFLICT),
+        files_written=files,
+        bytes_written=size,
+        seconds=seconds,
+        kinds=kind_counts(e.kind for e in report.verdicts.entries),
+        unknown_entries=unknown_entries,
+        not_used=[] if force else report.reasons(),
+        not_used_entries=0 if force else report.unusable_count,
+        forced=forced[WRITE] + forced[REPLACE] + forced[RELINK],
+        forced_present=forced[PRESENT],
+        unchecked=report.unchecked,
+        linked=named(LINKED),
+        key_not_directory=named(KEY_NOT_DIRECTORY),
+        file_is_directory=named(FILE_IS_DIRECTORY),
+        not_selected=not_selected,
+    )
+
+
+def kept_lines(conflicts: list[str], linked: list[str], key_not_directory: list[str],
+               file_is_directory: list[str]) -> list[str]:
+    """One line per reason an unpack kept what the root holds, with a few of the entries."""
+    lines = []
+    if conflicts:
+        n = len(conflicts)
+        lines.append(f"kept {n} existing entr{'y' if n == 1 else 'ies'} whose content differs from the archive "
+                     f"(--overwrite replaces them): {shown(conflicts)}")
+    if linked:
+        lines.append(f"kept {entries(len(linked))} whose key directory is a symbolic link (never written through, "
+                     f"not even with --overwrite; remove the link to unpack them): {shown(linked)}")
+    if key_not_directory:
+        lines.append(f"kept {entries(len(key_not_directory))} whose key directory is taken by a file, or anything "
+                     f"else but a directory (--overwrite replaces it): {shown(key_not_directory)}")
+    if file_is_directory:
+        lines.append(f"kept {entries(len(file_is_directory))} with a directory where one of its files goes (never "
+                     f"removed, not even with --overwrite): {shown(file_is_directory)}")
+    return lines
+
+
+def entries(n: int) -> str:
+    return plural(n, "entry", "entries")
+
+
+def shown(names: list[str], examples: int = 3) -> str:
+    """A few of the entries a note is about, then "..." for the rest."""
+    return ", ".join(names[:examples]) + (", ..." if len(names) > examples else "")
 
 
 def kind_counts(kinds) -> dict[str, int]:

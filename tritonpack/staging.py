@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -66,7 +67,8 @@ BATCH_FILES, BATCH_BYTES = 64, 1 << 20
 MAX_PENDING_BATCHES = 16
 MANIFEST = -1  # in a batch's owners, where a file number would be: the entry's manifest
 
-_Manifest = tuple[str, "str | None", int, Entry]  # directory, name or None (a temp name), entry number, entry
+# directory, name or None (a temp name), entry number, entry, the names it lists (``Placement.manifest_names``)
+_Manifest = tuple[str, "str | None", int, Entry, Sequence[str]]
 _Record = Callable[[int, int, int, str | None], None]  # entry, file (or MANIFEST), size, temp path or None
 
 
@@ -268,8 +270,8 @@ class Targets:
 
 
 class ManifestJobs(Sequence):
-    """The manifests to stage, each ``(directory, name or None for a temp name, entry number, entry)`` made as it is
-    read: a tuple and a name held for each took 0.16 KB an entry."""
+    """The manifests to stage, each ``(directory, name or None for a temp name, entry number, entry, names listed)``
+    made as it is read: a tuple and a name held for each took 0.16 KB an entry."""
 
     __slots__ = ("_numbers", "_placements", "_where")
 
@@ -286,8 +288,8 @@ class ManifestJobs(Sequence):
             return ManifestJobs(self._numbers[k], self._placements, self._where)
         n = self._numbers[k]
         directory, names = self._where[n]
-        entry = self._placements[n].entry
-        return directory, manifest_name(entry.name) if names is not None else None, n, entry
+        p = self._placements[n]
+        return directory, manifest_name(p.entry.name) if names is not None else None, n, p.entry, p.manifest_names
 
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -424,14 +426,39 @@ class StageWriter:
                 os.rmdir(directory)
 
 
+def _is_directory(path: str) -> bool:
+    """Whether a directory, not a link to one, is there."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _remove_file(path: str) -> None:
+    """Remove a regular file, if one is there."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
+def _unblock(key_dir: str) -> None:
+    """With overwrite: remove what stands where a key directory goes, unless a directory or a link is there (then
+    the staged directory's rename fails, and its entries are compared again, one by one)."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(key_dir).st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            os.unlink(key_dir)
+
+
 def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[Placement, int, int]:
     """Make one staged entry visible; return its final placement, files and bytes written."""
     key_dir = os.path.join(root, p.entry.key)
     now = place(root, p.entry, p.blobs, overwrite=p.action == REPLACE)
     files = staged.staged()
-    usable = now.action in (WRITE, REPLACE, RELINK) and set(now.files) <= {i for i, _ in files}
+    usable = now.action in (WRITE, REPLACE, RELINK) and set(now.files) <= {i for i, _ in files} and \
+        (not now.writes_manifest or now.manifest_names == p.manifest_names)  # as the staged manifest lists
     if not usable:
-        if now.action in (WRITE, REPLACE):  # a file that was in place changed meanwhile: leave it to a re-run
+        if now.action in (WRITE, REPLACE, RELINK):  # changed meanwhile: leave it to a re-run
             now = Placement(now.entry, now.blobs, CONFLICT)
         for _, temp in files:
             w.discard(temp)
@@ -453,6 +480,9 @@ def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[P
     manifest = manifest_name(p.entry.name)
     if now.writes_manifest and staged.files[MANIFEST] is not False:
         w.move(staged.path(MANIFEST, manifest), os.path.join(key_dir, manifest))
+        if now.action == REPLACE:  # the old group's other files: the group is now the archive's alone
+            for name in now.others:
+                _remove_file(os.path.join(key_dir, name))
     else:
         w.discard(staged.temp(MANIFEST))
     return now, written, size
@@ -484,8 +514,8 @@ def _stage_in_threads(w: StageWriter, reader, manifest_jobs: Sequence[_Manifest]
                 settle(MAX_PENDING_BATCHES)
 
         # Manifests first: they need no block, so the writers make them while the first block decodes.
-        for directory, name, n, entry in manifest_jobs:
-            batch.append((directory, name, manifest_bytes(w.root, entry)))
+        for directory, name, n, entry, listed in manifest_jobs:
+            batch.append((directory, name, manifest_bytes(w.root, entry, listed)))
             owners.append((n, MANIFEST, 0))
             if len(batch) >= BATCH_FILES:
                 submit()
@@ -522,7 +552,8 @@ def write_staged(
     if not active:
         return Written(0, 0, tuple(placements))
     manifests = array("I", (n for n in active if placements[n].writes_manifest))
-    check_space(root, [placements[n] for n in active], [manifest_size(root, placements[n].entry) for n in manifests])
+    check_space(root, [placements[n] for n in active],
+                [manifest_size(root, placements[n].entry, placements[n].manifest_names) for n in manifests])
     w = StageWriter(root)
     try:
         # The entries of a key side by side (an index in a writer's order has them so): its directory is staged and
@@ -536,10 +567,10 @@ def write_staged(
         numbers = array("i", [NOT_STAGED]) * len(placements)  # by placement: where it writes (``Destinations``)
         for key, of_key in groupby(active, key_of):
             key_dir = os.path.join(root, key)
-            if not fresh and os.path.lexists(key_dir):
+            if not fresh and _is_directory(key_dir):
                 w.ensure_dir(key_dir)
                 at = KEY_DIRECTORY
-            else:
+            else:  # absent, or in the way (a link is never written through; a file, only replaced if asked)
                 at = w.stage_dir()
             for n in of_key:
                 numbers[n] = at
@@ -565,6 +596,8 @@ def write_staged(
             of_key = list(of_key)
             key_dir = os.path.join(root, key)
             at = numbers[of_key[0]]
+            if at >= 0 and any(placements[n].action == REPLACE for n in of_key):
+                _unblock(key_dir)
             if at >= 0 and w.rename_in(w.stage_path(at), key_dir):
                 for n in of_key:
                     p = placements[n]

@@ -279,14 +279,15 @@ class StagingWorkers:
             with contextlib.suppress(BrokenPipeError):
                 send_message(commands, message)
 
-    def stage(self, w: StageWriter, targets: Targets, manifests: Sequence[tuple[str, str | None, int, object]],
+    def stage(self, w: StageWriter, targets: Targets,
+              manifests: Sequence[tuple[str, str | None, int, object, Sequence[str]]],
               record: Record) -> None:
         """Stage every planned file (``targets``, whose destinations are worked out a block at a time, as its plan
-        goes out) and manifest (directory, name, entry number, entry) through the workers; ``record`` each temp
-        file as it is reported. Raises the first error, after the other workers have finished their item (their
-        files recorded, for the caller to clean up)."""
+        goes out) and manifest (directory, name, entry number, entry, names listed) through the workers; ``record``
+        each temp file as it is reported. Raises the first error, after the other workers have finished their item
+        (their files recorded, for the caller to clean up)."""
         # Where temp names may be left by a worker that dies: key directories (staging directories go whole).
-        swept = targets.temp_name_directories() | {directory for directory, name, _, _ in manifests if name is None}
+        swept = targets.temp_name_directories() | {directory for directory, name, *_ in manifests if name is None}
         table = self.reader.index.blobs
         offsets, sizes, digest = table.offsets, table.sizes, table.digest
         missing = -(-len(manifests) // MANIFESTS_A_SHARE) - self.items.count(MANIFESTS)
@@ -297,8 +298,8 @@ class StagingWorkers:
 
         def plan_of(number: int) -> Plan:
             if self.items[number] == MANIFESTS:
-                return [(directory, name, n, os.path.join(w.root, entry.key, ""), entry.file_names)
-                        for directory, name, n, entry in manifests_of[number]]
+                return [(directory, name, n, os.path.join(w.root, entry.key, ""), listed)
+                        for directory, name, n, entry, listed in manifests_of[number]]
             return [(blob, offsets[blob], sizes[blob], digest(blob), made)
                     for blob, made in targets.runs(*targets.blocks[self.items[number]])]
 
