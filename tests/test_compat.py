@@ -71,6 +71,13 @@ def test_arch_mismatch_is_explained(tmp_path, compiled_root, capsys):
     result = tritonpack.unpack(archive, tmp_path / "root", targets=["cuda:90"])
     assert result.written == len(SOURCES) and result.not_used_entries == len(SOURCES) * (len(targets()) - 1)
     assert any("cuda:80" in line for line in result.notes())
+    # JSON says why alike in check, unpack and ensure: one object a reason
+    assert main(["check", str(archive), "--target", "cuda:90", "--json"]) == 6
+    reasons = json.loads(capsys.readouterr().out)["reasons"]
+    assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "r2"), "--target", "cuda:90", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["not_used"] == reasons
+    assert main(["ensure", str(archive), "--cache-dir", str(tmp_path / "r3"), "--target", "cuda:90", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["not_used"] == reasons and reasons[0]["entries"] > 0
 
 
 def test_targets_take_the_forms_arch_takes_and_a_bad_one_names_the_option(tmp_path, compiled_root, capsys):

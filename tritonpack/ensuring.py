@@ -32,7 +32,7 @@ from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trail
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, UsageError
 from .model import GROUP, manifest_name
-from .report import kept_lines, plural
+from .report import kept_lines, plural, reasons_to_dicts
 from .triton_env import cache_root
 
 STAMP_VERSION = 1
@@ -77,7 +77,7 @@ class EnsureResult:
         return lines + [f"not checked: {note}" for note in self.unchecked]
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "ok": self.ok}
+        return {**asdict(self), "not_used": reasons_to_dicts(self.not_used), "ok": self.ok}
 
 
 def archive_digest(path: str) -> str:

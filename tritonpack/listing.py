@@ -5,7 +5,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
-from .report import human_bytes
+from .report import human_bytes, reasons_to_dicts
 from .safetext import printable, unsafe
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def check_to_dict(report: CheckReport, archive: str) -> dict:
             "ext_suffix": env.ext_suffix,
             "platform": env.platform,
         },
-        "reasons": [{"reason": r, "entries": n} for r, n in report.reasons()],
+        "reasons": reasons_to_dicts(report.reasons()),
         "entries": [
             {"kind": v.entry.kind, "key": v.entry.key, "name": v.entry.name, "target": v.entry.target,
              "usable": v.usable,

@@ -160,7 +160,12 @@ class UnpackResult(NamedTuple):
         return lines
 
     def to_dict(self) -> dict:
-        return self._asdict()
+        return {**self._asdict(), "not_used": reasons_to_dicts(self.not_used)}
+
+
+def reasons_to_dicts(reasons: list[tuple[str, int]]) -> list[dict]:
+    """Why entries were not used, in JSON as ``check --json`` gives it: one object a reason."""
+    return [{"reason": reason, "entries": n} for reason, n in reasons]
 
 
 def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement], report: CheckReport, force: bool,
