@@ -1,0 +1,88 @@
+"""Where a command that writes an archive (``pack``, ``merge``, ``record``, ``pull``) puts it, and what it leaves
+when it fails or is stopped.
+
+An archive replaces a regular file atomically: it is written to a temp file ``.tpack-*.tmp`` beside the file and
+renamed over it, so that a reader sees the old archive or the whole new one, never part of one. A symbolic link is
+followed: the temp file goes beside the link's final target, which is replaced, and the link stays a link. An
+output that exists and is not a regular file (a character device such as ``/dev/null`` or ``/dev/stdout``, a FIFO)
+is written in place, from its start, as ``tar -cf`` writes one: there is nothing to replace there, and a rename
+would put a regular file where the device was. A directory is an error.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
+
+from .errors import CacheError, UsageError
+
+TEMP_PREFIX, TEMP_SUFFIX = ".tpack-", ".tmp"
+
+
+class Destination(NamedTuple):
+    path: str  # the file an archive replaces (a link's final target), or the one it is written to in place
+    in_place: bool  # an existing device or FIFO: written directly, not replaced
+
+
+def destination(output: str) -> Destination:
+    """Where an archive named ``output`` goes, decided once for every command that writes one."""
+    try:
+        mode = os.stat(output).st_mode
+    except FileNotFoundError:  # a new file, or the missing target of a dangling link: created there
+        return Destination(os.path.realpath(output), False)
+    except OSError as e:
+        raise CacheError(f"cannot write the archive: {e.strerror}", output) from None
+    if stat.S_ISDIR(mode):
+        raise UsageError("is a directory; name the archive file to write", output)
+    if stat.S_ISREG(mode):
+        return Destination(os.path.realpath(output), False)
+    return Destination(output, True)
+
+
+@contextlib.contextmanager
+def archive_file(output: str) -> Iterator[tuple[BinaryIO, str | None]]:
+    """``(file, scratch directory)``: the file to write the archive to, sequentially, and the directory for
+    scratch files (beside the archive; None, the system's temp directory, for a device or a FIFO). Moved in when
+    the block ends; removed where the block raises. Errors of the block propagate as raised."""
+    target = destination(output)
+    if target.in_place:
+        with _opened_in_place(output) as out:
+            yield out, None
+        return
+    directory = os.path.dirname(target.path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=directory)
+    except OSError as e:
+        raise CacheError(f"cannot create the archive: {e.strerror}", output) from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out, directory
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, target.path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _opened_in_place(output: str) -> BinaryIO:
+    """The device or FIFO, opened for writing (a FIFO waits for its reader, as ``tar`` does); never created."""
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_NOCTTY)
+    except OSError as e:
+        raise CacheError(f"cannot write the archive: {e.strerror}", output) from None
+    if stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at: never written over in place
+        os.close(fd)
+        raise CacheError("became a regular file while it was opened; run again", output)
+    return os.fdopen(fd, "wb")
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+__all__ = ["Destination", "destination", "archive_file", "current_umask", "TEMP_PREFIX", "TEMP_SUFFIX"]
