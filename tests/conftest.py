@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -31,6 +33,30 @@ def no_child_left() -> bool:
     except ChildProcessError:
         return True
     return False
+
+
+@contextlib.contextmanager
+def fifo_reader(path: Path):
+    """A FIFO at ``path`` and a thread that reads it to its end; yields the list that gets its bytes. The FIFO is
+    opened here, its reading end and a writing end held until the block ends: the reader sees its end only then,
+    whatever the command did with the FIFO (a command that replaced it once left a reader waiting forever)."""
+    os.mkfifo(path)
+    reading = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(reading, True)
+    held = os.open(path, os.O_WRONLY)
+    received: list[bytes] = []
+
+    def read() -> None:
+        with open(reading, "rb") as f:
+            received.append(f.read())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        yield received
+    finally:
+        os.close(held)
+        reader.join()
 
 
 @pytest.fixture()

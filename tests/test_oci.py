@@ -2,11 +2,13 @@
 read back through oras' own manifest API, pull byte-identical, and unpack straight from the registry."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("oras")
 
-from conftest import snapshot
+from conftest import fifo_reader, snapshot
 from servers import free_port, registry
 
 import tritonpack
@@ -65,6 +67,20 @@ def test_pull_is_byte_identical(pushed, archive, tmp_path, monkeypatch, capsys):
     result = tritonpack.pull(pushed)  # no output: the name it was pushed under, here
     assert result.output == "kernels.tpack" and (tmp_path / "kernels.tpack").read_bytes() == archive.read_bytes()
     assert result.annotations["io.tritonpack.kernels"]
+
+
+def test_pull_follows_a_symlink_and_writes_a_fifo_in_place(pushed, archive, tmp_path):
+    """The same output rules as pack's (``test_archive_output.py``): the link's target replaced, the link kept;
+    a FIFO's reader gets the archive; no temp file left."""
+    (tmp_path / "real.tpack").write_bytes(b"the previous archive")
+    (tmp_path / "link.tpack").symlink_to("real.tpack")
+    assert main(["pull", pushed, "-o", str(tmp_path / "link.tpack"), "-q"]) == 0
+    assert os.readlink(tmp_path / "link.tpack") == "real.tpack"
+    assert (tmp_path / "real.tpack").read_bytes() == archive.read_bytes()
+    with fifo_reader(tmp_path / "pipe") as received:
+        assert main(["pull", pushed, "-o", str(tmp_path / "pipe"), "-q"]) == 0
+    assert received == [archive.read_bytes()]
+    assert sorted(os.listdir(tmp_path)) == ["link.tpack", "pipe", "real.tpack"]
 
 
 def test_unpack_and_list_from_the_registry(pushed, tmp_path, capsys):

@@ -56,8 +56,11 @@ def progress_counter(total: int, progress: Progress | None):
 
 
 def _refuse_output_inside(root: str, output) -> None:
-    """Pack never changes its source: not even an archive (or its temp file) may land inside the root."""
-    where = os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(output))))
+    """Pack never changes its source: not even an archive (or its temp file) may land inside the root, nor the
+    target of a link that ``-o`` names."""
+    from .archivedest import destination
+
+    where = os.path.dirname(os.path.realpath(destination(os.fspath(output)).path))
     source = os.path.realpath(root)
     if os.path.isdir(source) and os.path.commonpath([where, source]) == source:
         raise UsageError("the archive would be written inside the cache it packs; choose another -o",

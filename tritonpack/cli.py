@@ -21,8 +21,8 @@ from .commands import (
     show,
     unpack_output,
 )
-from .entry import closed_pipe, exit_code
-from .errors import TpackError, UsageError
+from .entry import closed_pipe, exit_code, interrupted
+from .errors import Terminated, TpackError, UsageError
 
 # typer bundles its own click (0.2x) or uses click's; reach the exception classes through its public BadParameter.
 _CLICK_ERRORS = {c.__name__: c for c in typer.BadParameter.__mro__}
@@ -374,9 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     except ClickException as e:
         print_error(f"error: {e.format_message()}")
         return e.exit_code
-    except (KeyboardInterrupt, typer.Abort):
-        print_error("error: interrupted")
-        return 130
+    except (KeyboardInterrupt, Terminated, typer.Abort) as e:
+        return interrupted(e)
     except BrokenPipeError:
         return closed_pipe()
     except OSError as e:  # typer's help or click's echo on a full or failing standard output (``> /dev/full``);

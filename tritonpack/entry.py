@@ -17,6 +17,7 @@ from .errors import (
     IncompatibleError,
     RecordError,
     RemoteError,
+    Terminated,
     TpackError,
     UsageError,
 )
@@ -35,6 +36,19 @@ EXIT_CODES: list[tuple[type[TpackError], int]] = [
 
 def exit_code(error: TpackError) -> int:
     return next(code for cls, code in EXIT_CODES if isinstance(error, cls))
+
+
+def interrupted(error: BaseException) -> int:
+    """Say that the command was stopped (Ctrl-C, or ``Terminated``), in one line; the exit status a shell gives a
+    process ended by that signal: 130, or 143 for SIGTERM."""
+    import signal
+
+    from .commands import print_error
+
+    number = error.signal_number if isinstance(error, Terminated) else signal.SIGINT
+    print_error("error: interrupted" if number == signal.SIGINT else
+                f"error: interrupted by {signal.Signals(number).name}")
+    return 128 + number
 
 
 def closed_pipe() -> int:
@@ -126,9 +140,8 @@ def run_quick(argv: list[str]) -> int | None:
         return exit_code(e)
     except BrokenPipeError:
         return closed_pipe()
-    except KeyboardInterrupt:
-        commands.print_error("error: interrupted")
-        return 130
+    except (KeyboardInterrupt, Terminated) as e:
+        return interrupted(e)
     finally:
         if collecting:
             gc.enable()

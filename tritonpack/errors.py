@@ -57,3 +57,14 @@ class RecordError(TpackError):
 
 class ConflictError(TpackError):
     """Archives to merge hold the same entry with different contents, and no preference was given."""
+
+
+class Terminated(BaseException):
+    """A SIGTERM received while an archive was written (``archivedest.py``), raised in the main thread so that the
+    temp file is removed on the way out. Not a ``TpackError``: like ``KeyboardInterrupt`` it is a
+    ``BaseException``, which no ``except Exception`` takes for a failure to recover from. The CLI exits with
+    128 + the signal's number, as a shell reports a process the signal ended."""
+
+    def __init__(self, signal_number: int):
+        super().__init__(signal_number)
+        self.signal_number = signal_number

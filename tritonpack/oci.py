@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from .archive.reader import ArchiveReader
 from .archive.source import LocalFile
-from .archive.writer import current_umask as umask
+from .archivedest import archive_file
 from .errors import RemoteError, TpackError, UsageError
 from .model import GROUP, ArchiveInfo, Entry
 from .remote import scheme_of
@@ -283,29 +283,18 @@ def _default_output(layer: dict) -> str:
 
 
 def _download(client, ref: Reference, layer: dict, output: str) -> None:
-    """Stream the layer into a temp file beside ``output``, check its sha256 and size, then move it in."""
-    directory = os.path.dirname(os.path.abspath(output))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tpack-", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise UsageError(f"cannot write: {e.strerror}", output) from None
-    try:
+    """Stream the layer to ``output`` (``archivedest``: through a temp file, moved in once its sha256 and size
+    match the manifest's)."""
+    with archive_file(output) as (f, _), client.get_blob(client.get_container(ref.target), layer["digest"],
+                                                           stream=True) as response:
+        _status(response, ref, "downloading the archive")
         digest, size = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as f, client.get_blob(client.get_container(ref.target), layer["digest"],
-                                                       stream=True) as response:
-            _status(response, ref, "downloading the archive")
-            for chunk in response.iter_content(chunk_size=1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-                f.write(chunk)
+        for chunk in response.iter_content(chunk_size=1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+            f.write(chunk)
         if "sha256:" + digest.hexdigest() != layer["digest"] or size != layer["size"]:
             raise RemoteError("the downloaded archive does not match the manifest's digest", str(ref))
-        os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def pull(reference: str, output: str | os.PathLike | None = None, *, plain_http: bool | None = None) -> PullResult:

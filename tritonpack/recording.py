@@ -334,14 +334,16 @@ def record(
     from . import __version__
     from .api import source_date_epoch
     from .archive.writer import write_archive
+    from .archivedest import destination
 
     command = list(command)
     if not command:
         raise UsageError("no command to record (tritonpack record -o OUT.tpack -- CMD [ARGS...])")
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
-    directory = os.path.dirname(os.path.abspath(os.fspath(output)))
-    if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+    target = destination(os.fspath(output))  # a directory is refused before the command runs, too
+    directory = os.path.dirname(target.path)
+    if not (target.in_place or (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK))):
         raise CacheError("cannot write the archive there (checked before running the command)", os.fspath(output))
     created = source_date_epoch()
     start = time.perf_counter()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mmap
-import os
 import tempfile
 from array import array
 from collections import deque
@@ -20,6 +19,7 @@ from typing import NamedTuple, Protocol
 import msgpack
 import zstandard
 
+from ..archivedest import archive_file
 from ..errors import ArchiveError, CacheError, ReaderLimitError, UsageError
 from ..forking import cores, fork_safe, private_map
 from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, index_order, names_of, sizes_of, total_size
@@ -344,7 +344,8 @@ def write_archive(
     splice_ptx: bool = False,
     helpers: BlockHelpers | None = None,
 ) -> WriteResult:
-    """Write the archive to a temp file beside ``path`` and move it in place: never a half-written archive.
+    """Write the archive where ``archivedest.destination`` says: to a temp file beside ``path``, moved in place
+    (never a half-written archive), or straight into a device or FIFO.
 
     ``splice_ptx``: store each cubin without the PTX text it embeds, spliced back from its ``.ptx`` when it is
     unpacked (spec §5.1; ``info.format_version`` must then be 1.1): 12-15% smaller archives of CUDA caches, for
@@ -353,23 +354,12 @@ def write_archive(
     tuple in any order; any other sequence in the index's order (``model.index_order``), as a scan's are."""
     if splice_ptx and info.format_version < (1, 1):
         raise UsageError("spliced cubins need format 1.1")
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tpack-", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise CacheError(f"cannot create the archive: {e.strerror}", path) from e
-    try:
-        with os.fdopen(fd, "wb") as out:
-            result = _write(out, path, directory, entries, info, level, block_size, threads or cores(), on_file,
-                            splice_ptx, helpers)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, path)
-        return result
+        with archive_file(path) as (out, scratch):
+            return _write(out, path, scratch, entries, info, level, block_size, threads or cores(), on_file,
+                          splice_ptx, helpers)
     except OSError as e:
         raise CacheError(f"cannot write the archive: {e.strerror}", path) from e
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 _NARROW = "write part of it (--arch, --kernel; pack --since), or raise that limit here and where it is read"
@@ -409,12 +399,6 @@ def release(buffer: mmap.mmap, shared: bool) -> None:
     if advice is not None:
         with contextlib.suppress(OSError):
             buffer.madvise(advice)
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _fill(files: Sequence[tuple[int, int, SourceFile, int]], view: memoryview) -> list[bytes]:
@@ -480,7 +464,7 @@ def _batches(run: list, target: int = 1 << 20, most: int = 256):
         yield batch
 
 
-def _write(out, path, directory, entries, info, level, block_size, threads, on_file, splice_ptx,
+def _write(out, path, scratch, entries, info, level, block_size, threads, on_file, splice_ptx,
            helpers) -> WriteResult:
     if isinstance(entries, (list, tuple)):  # objects, sorted at no cost; a large scan's packed ones come sorted
         entries = sorted(entries, key=index_order)
@@ -636,9 +620,10 @@ def _write(out, path, directory, entries, info, level, block_size, threads, on_f
         # The index, but for its block table, is encoded and checked while the last blocks compress; but where the
         # files' records have taken the buffers down to their fewest, after, with the real table: its check peaked
         # beside the buffers and the last blocks' output (2-core VM, 374,460 files: 332 MB, then 312-314 MB once
-        # the index waited, the writing's own peak). Its bytes go to a temp file beside the archive as they are
-        # packed, and from it through the compressor to the archive: never held.
-        with tempfile.TemporaryFile(dir=directory) as spill:
+        # the index waited, the writing's own peak). Its bytes go to a temp file beside the archive (in the temp
+        # directory for a device or a FIFO) as they are packed, and from it through the compressor to the archive:
+        # never held.
+        with tempfile.TemporaryFile(dir=scratch) as spill:
             if buffers <= FEWEST_BUFFERS:
                 settle(0)
                 encoding = IndexEncoding(info, blobs, entries, file_blobs, spill)
