@@ -519,43 +519,89 @@ def key_directory(root: str, key: str) -> str:
     return root + key if root.endswith("/") else root + "/" + key
 
 
-def manifest_bytes(root: str, key: str, files: list[tuple[str, int]]) -> bytes:
-    """§8.2: exactly ``json.dumps({"child_paths": children}).encode()``, files in ``files`` order."""
+def manifest_bytes(root: str, key: str, names: list[str]) -> bytes:
+    """§8.2: exactly ``json.dumps({"child_paths": children}).encode()``, the names in the order given (the entry's
+    files in ``files`` order, then ``O``, §8.1)."""
     directory = key_directory(root, key)
-    return json.dumps({"child_paths": {name: f"{directory}/{name}" for name, _ in files}}).encode()
+    return json.dumps({"child_paths": {name: f"{directory}/{name}" for name in names}}).encode()
 
 
 # ---- deciding (§8.1) ----
 
-SAME, ABSENT, DIFFERENT = "same", "absent", "different"
-WRITE, REPLACE, RELINK, PRESENT, CONFLICT = "write", "replace", "relink", "present", "conflict"
-_UNREADABLE = object()  # a manifest that is there but cannot be read or parsed: it equals nothing
+SAME, ABSENT, DIRECTORY, DIFFERENT = "same", "absent", "directory", "different"
+LINK, OTHER = "link", "other"  # what stands at a key directory's path, besides ABSENT and DIRECTORY
+WRITE, REPLACE, RELINK, PRESENT, CONFLICT, KEPT = "write", "replace", "relink", "present", "conflict", "kept"
+_UNREADABLE = object()  # a manifest there but unreadable, not JSON or not a regular file: it equals nothing
+
+
+class Decision(NamedTuple):
+    action: str
+    todo: tuple[tuple[str, int], ...] = ()  # the files to write
+    manifest: tuple[str, ...] | None = None  # the names the manifest to write lists; None: none is written
+    manifest_seen: bool = False  # the decision saw a manifest (it is deleted before the files change)
+    removes: tuple[str, ...] = ()  # a replace's ``O``: removed after its manifest is written
+    replaces_key_path: bool = False  # what stands in the key directory's place is removed, then it is written
+
+
+def key_path_state(directory: str) -> str:
+    """§8.1's first table: ``R/<key>`` not following a link. An error but ``ENOENT`` aborts unpacking."""
+    try:
+        mode = os.lstat(directory).st_mode
+    except FileNotFoundError:
+        return ABSENT
+    if stat.S_ISLNK(mode):
+        return LINK
+    return DIRECTORY if stat.S_ISDIR(mode) else OTHER
+
+
+def _open_regular(path: str) -> int | None:
+    """A descriptor of ``path`` opened for reading, or None where it is not a regular file. It opens only what
+    ``stat`` calls regular, and without blocking, so that a FIFO is never opened (nor hangs a race)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def classify(path: str, size: int, digest: bytes) -> str:
-    """Any error but these aborts unpacking (it propagates)."""
+    """§8.1's file states; any error but these aborts unpacking (it propagates)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return ABSENT
     except NotADirectoryError:
         return DIFFERENT
+    if stat.S_ISDIR(st.st_mode) and _is_directory(path):
+        return DIRECTORY  # a link to a directory is different: the rename replaces the link
     if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return DIFFERENT  # never opened
+    fd = _open_regular(path)
+    if fd is None:
         return DIFFERENT
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(fd, "rb") as f:
         for chunk in iter(lambda: f.read(MIB), b""):
             sha.update(chunk)
     return SAME if sha.digest() == digest else DIFFERENT
 
 
 def read_manifest(path: str) -> Any:
-    """None where absent (``ENOENT``); the parsed JSON; or ``_UNREADABLE``."""
+    """None where absent (``ENOENT``, a dangling link too); the parsed JSON; or ``_UNREADABLE`` (unreadable, not
+    valid JSON, or not a regular file, which is never opened)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = _open_regular(path)
     except FileNotFoundError:
         return None
+    except OSError:
+        return _UNREADABLE
+    if fd is None:
+        return _UNREADABLE
+    try:
+        with open(fd, "rb") as f:
+            data = f.read()
     except OSError:
         return _UNREADABLE
     try:
@@ -564,51 +610,85 @@ def read_manifest(path: str) -> Any:
         return _UNREADABLE
 
 
-class Decision(NamedTuple):
-    action: str
-    todo: list[tuple[str, int]]  # the files to write
-    writes_manifest: bool
-    manifest_seen: bool
+def listed_names(manifest: Any) -> list[str]:
+    """The names a manifest's ``child_paths`` lists, in its order; none for one that equals nothing."""
+    if not (is_map(manifest) and is_map(manifest.get("child_paths"))):
+        return []
+    return list(manifest["child_paths"])
 
 
-def _table(entry: dict, states: list[str], manifest: Any, expected: bytes, overwrite: bool) -> Decision:
-    """§8.1's tables."""
-    todo = [file for file, state in zip(entry["files"], states, strict=True) if state != SAME]
-    differs = DIFFERENT in states
-    if entry["kind"] != "group":
-        if not todo:
-            return Decision(PRESENT, [], False, False)
-        if differs:
-            return Decision(REPLACE, todo, False, False) if overwrite else Decision(CONFLICT, [], False, False)
-        return Decision(WRITE, todo, False, False)
+def _is_regular(path: str) -> bool:
+    """A regular file, not a link to one; an error but ``ENOENT`` aborts unpacking (it propagates)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def kept_files(directory: str, names: list[str], manifest: Any) -> tuple[list[str], bool]:
+    """``O`` and ``gone``: the names the manifest lists beyond the entry's files that name regular files of the key
+    directory (valid names not starting with ``__grp__``, not links), and whether it lists any other name."""
+    beyond = [name for name in listed_names(manifest) if name not in names]
+    kept = [name for name in beyond
+            if valid_name(name) and not name.startswith("__grp__") and _is_regular(f"{directory}/{name}")]
+    return kept, len(kept) < len(beyond)
+
+
+def _file_table(entry: dict, states: list[str], overwrite: bool) -> Decision:
+    """§8.1's table of non-group entries."""
+    todo = tuple(file for file, state in zip(entry["files"], states, strict=True) if state != SAME)
+    if not todo:
+        return Decision(PRESENT)
+    if DIFFERENT in states:
+        return Decision(REPLACE, todo) if overwrite else Decision(CONFLICT)
+    return Decision(WRITE, todo)
+
+
+def _group_table(root: str, entry: dict, states: list[str], manifest: Any, overwrite: bool) -> Decision:
+    """§8.1's table of groups, with ``O`` and ``gone``: an unpack never makes a group smaller unless it replaces it."""
+    todo = tuple(file for file, state in zip(entry["files"], states, strict=True) if state != SAME)
+    names = [name for name, _ in entry["files"]]
     if manifest is None:
-        return Decision(WRITE, todo, True, False)
-    if differs:
-        return Decision(REPLACE, todo, True, True) if overwrite else Decision(CONFLICT, [], False, True)
-    if todo:
-        return Decision(WRITE, todo, True, True)
-    if manifest is not _UNREADABLE and manifest == json.loads(expected):
-        return Decision(PRESENT, [], False, True)
-    return Decision(RELINK, [], True, True)
+        return Decision(WRITE, todo, tuple(names))
+    kept, gone = kept_files(key_directory(root, entry["key"]), names, manifest)
+    expected = (*names, *kept)
+    if DIFFERENT in states:
+        if overwrite:
+            return Decision(REPLACE, todo, tuple(names), True, tuple(kept))
+        return Decision(CONFLICT, manifest_seen=True)
+    if todo or gone:
+        return Decision(WRITE, todo, expected, True)
+    if manifest is not _UNREADABLE and manifest == json.loads(manifest_bytes(root, entry["key"], list(expected))):
+        return Decision(PRESENT, manifest_seen=True)
+    return Decision(RELINK, (), expected, True)
 
 
-def decide(root: str, entry: dict, blobs: list, overwrite: bool) -> Decision:
-    """§8.1; raises where a file to write is somewhere a rename cannot put it."""
+def decide(root: str, entry: dict, blobs: list, overwrite: bool, again: bool = False) -> Decision:
+    """§8.1: the key directory's own state first, then the files' and the manifest's. ``again``: the commit's
+    second decision (§8.2), which keeps an entry whose key path is no longer a directory."""
     directory = key_directory(root, entry["key"])
-    if os.path.islink(directory):  # never written through (the reference's rule)
-        return Decision(CONFLICT, [], False, False)
+    every = tuple(entry["files"])
+    every_name = tuple(name for name, _ in every) if entry["kind"] == "group" else None
+    state = key_path_state(directory)
+    if state == ABSENT:
+        return Decision(WRITE, every, every_name)
+    if state == LINK:
+        return Decision(KEPT)  # never written through, with or without overwrite
+    if state == OTHER:
+        if overwrite and not again:
+            return Decision(REPLACE, every, every_name, replaces_key_path=True)
+        return Decision(KEPT)
     states = [classify(f"{directory}/{name}", blobs[blob][2], blobs[blob][3]) for name, blob in entry["files"]]
-    manifest = read_manifest(f"{directory}/__grp__{entry['name']}.json") if entry["kind"] == "group" else None
-    decision = _table(entry, states, manifest, manifest_bytes(root, entry["key"], entry["files"]), overwrite)
-    if decision.todo and os.path.lexists(directory) and not os.path.isdir(directory):
-        raise NotADirectoryError(errno.ENOTDIR, "a rename cannot write into it", directory)
-    for name, _ in decision.todo:
-        if _is_directory(f"{directory}/{name}"):
-            raise IsADirectoryError(errno.EISDIR, "a rename cannot replace a directory", f"{directory}/{name}")
-    return decision
+    manifest_path = f"{directory}/__grp__{entry['name']}.json"
+    if DIRECTORY in states or (entry["kind"] == "group" and _is_directory(manifest_path)):
+        return Decision(KEPT)  # no rename replaces a directory, with or without overwrite
+    if entry["kind"] != "group":
+        return _file_table(entry, states, overwrite)
+    return _group_table(root, entry, states, read_manifest(manifest_path), overwrite)
 
 
 def _is_directory(path: str) -> bool:
+    """A directory, not a link to one."""
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
@@ -760,12 +840,11 @@ def _unpack(archive: Archive, root: str, overwrite: bool) -> dict[str, int]:
     if os.path.exists(root) and not os.path.isdir(root):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", root)
     blobs = archive.blobs
-    summary = {"written": 0, "relinked": 0, "present": 0, "conflicts": 0, "skipped_unknown": archive.skipped,
-               "files": 0, "bytes": 0}
+    summary = {"written": 0, "replaced": 0, "relinked": 0, "present": 0, "conflicts": 0, "kept": 0,
+               "skipped_unknown": archive.skipped, "files": 0, "bytes": 0}
     plan = [(entry, decide(root, entry, blobs, overwrite)) for entry in archive.entries]  # all decisions first
     for _, decision in plan:
-        if decision.action in (PRESENT, CONFLICT):
-            summary["present" if decision.action == PRESENT else "conflicts"] += 1
+        _count_left(summary, decision)
     contents = _verified_contents(archive, sorted({blob for _, d in plan for _, blob in d.todo}))
     remove_orphans(root)
     work = [(entry, decision) for entry, decision in plan if decision.action in (WRITE, REPLACE, RELINK)]
@@ -820,10 +899,11 @@ def _write_new(path: str, data: bytes) -> None:
 
 def _stage(root: str, entry: dict, decision: Decision, contents: dict[int, bytes], lock: RunLock,
            staged: dict[str, str], temps: list[str]) -> None:
-    """§8.2 phase 1 for one entry: a new key directory is staged whole, under final names; an existing one gets
-    temp files. The entry records where each of its files went (``_temps``, ``_manifest``)."""
+    """§8.2 phase 1 for one entry: a key directory that is not there (absent, or something else stands in its
+    place) is staged whole, under final names; an existing one gets temp files. The entry records where each of
+    its files went (``_temps``, ``_manifest``)."""
     directory = key_directory(root, entry["key"])
-    if entry["key"] not in staged and not os.path.lexists(directory):
+    if entry["key"] not in staged and not _is_directory(directory):
         staged[entry["key"]] = lock.name(root)
         os.mkdir(staged[entry["key"]], 0o777)
     stage = staged.get(entry["key"])
@@ -833,48 +913,68 @@ def _stage(root: str, entry: dict, decision: Decision, contents: dict[int, bytes
         _write_new(path, contents[blob])
         temps.append(path)
         entry["_temps"].append((path, name))
-    if decision.writes_manifest:
+    if decision.manifest is not None:
         name = f"__grp__{entry['name']}.json"
         path = f"{stage}/{name}" if stage else lock.name(directory)
-        _write_new(path, manifest_bytes(root, entry["key"], entry["files"]))
+        _write_new(path, manifest_bytes(root, entry["key"], list(decision.manifest)))
         temps.append(path)
         entry["_manifest"] = (path, name)
 
 
 def _commit(root: str, work: list[tuple[dict, Decision]], staged: dict[str, str], created: list[str], blobs: list,
             summary: dict[str, int]) -> None:
-    """§8.2 phase 2: a staged key directory by one rename; in an existing one, entry by entry, decided again."""
+    """§8.2 phase 2: a staged key directory by one rename (what the decision replaces removed first); in an
+    existing one, entry by entry, decided again."""
+    replacing = {entry["key"] for entry, decision in work if decision.replaces_key_path}
     committed = set()
     for key, stage in staged.items():
+        directory = key_directory(root, key)
+        if key in replacing and key_path_state(directory) == OTHER:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory)
         try:
-            os.rename(stage, key_directory(root, key))
+            os.rename(stage, directory)
             committed.add(key)
         except OSError as e:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                 raise
     for entry, decision in work:
-        directory = key_directory(root, entry["key"])
         if entry["key"] in committed:
             _count(summary, decision, blobs)
             continue
-        again = decide(root, entry, blobs, decision.action == REPLACE)
-        planned = {name for name, _ in decision.todo}
-        if again.action in (PRESENT, CONFLICT) or any(name not in planned for name, _ in again.todo):
-            summary["present" if again.action == PRESENT else "conflicts"] += 1
-            continue  # its temp files are removed with the others
-        if not os.path.isdir(directory):
-            created.extend(_make_directories(directory))
-        if entry["kind"] == "group" and again.todo and again.manifest_seen:
-            with contextlib.suppress(OSError):
-                os.unlink(f"{directory}/__grp__{entry['name']}.json")
-        to_write = {name for name, _ in again.todo}
-        for temp, name in entry["_temps"]:
-            if name in to_write:
-                os.replace(temp, f"{directory}/{name}")
-        if again.writes_manifest and "_manifest" in entry:
-            temp, name = entry["_manifest"]
+        _commit_entry(root, entry, decision, created, blobs, summary)
+
+
+def _commit_entry(root: str, entry: dict, decision: Decision, created: list[str], blobs: list,
+                  summary: dict[str, int]) -> None:
+    """§8.2's second decision for one entry, then its renames: the manifest deleted first where files change and
+    it was seen, renamed into place last; a replace's ``O`` removed after it."""
+    directory = key_directory(root, entry["key"])
+    again = decide(root, entry, blobs, decision.action == REPLACE, again=True)
+    if again.action in (PRESENT, CONFLICT, KEPT):
+        _count_left(summary, again)
+        return  # its temp files are removed with the others
+    planned = {name for name, _ in decision.todo}
+    if any(name not in planned for name, _ in again.todo) or again.manifest != decision.manifest:
+        summary["conflicts"] += 1  # left to a re-run
+        return
+    if not os.path.isdir(directory):
+        created.extend(_make_directories(directory))
+    if entry["kind"] == "group" and again.todo and again.manifest_seen:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{directory}/__grp__{entry['name']}.json")
+    to_write = {name for name, _ in again.todo}
+    for temp, name in entry["_temps"]:
+        if name in to_write:
             os.replace(temp, f"{directory}/{name}")
-        _count(summary, again, blobs)
+    if again.manifest is not None:
+        temp, name = entry["_manifest"]
+        os.replace(temp, f"{directory}/{name}")
+    for name in again.removes:  # ``O``'s files: those still regular files
+        with contextlib.suppress(FileNotFoundError):
+            if _is_regular(f"{directory}/{name}"):
+                os.unlink(f"{directory}/{name}")
+    _count(summary, again, blobs)
 
 
 def _remove_temps(temps: list[str], staged: dict[str, str]) -> None:
@@ -887,8 +987,14 @@ def _remove_temps(temps: list[str], staged: dict[str, str]) -> None:
             os.rmdir(stage)
 
 
+def _count_left(summary: dict[str, int], decision: Decision) -> None:
+    """An entry that writes nothing: present, a conflict, or kept (for its key directory or a directory)."""
+    if decision.action in (PRESENT, CONFLICT, KEPT):
+        summary[{PRESENT: "present", CONFLICT: "conflicts", KEPT: "kept"}[decision.action]] += 1
+
+
 def _count(summary: dict[str, int], decision: Decision, blobs: list) -> None:
-    summary["relinked" if decision.action == RELINK else "written"] += 1
+    summary[{RELINK: "relinked", REPLACE: "replaced"}.get(decision.action, "written")] += 1
     summary["files"] += len(decision.todo)
     summary["bytes"] += sum(blobs[blob][2] for _, blob in decision.todo)
 
