@@ -254,8 +254,9 @@ def test_closed_standard_streams_change_no_answer(archive, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["pack", ""], ["unpack", "{a}", "--cache-dir", ""], ["verify", ""],
-                                  ["relocate", ""], ["ensure", "{a}", "--cache-dir", ""], ["list", ""]],
-                         ids=["pack", "unpack", "verify", "relocate", "ensure", "list"])
+                                  ["relocate", ""], ["ensure", "{a}", "--cache-dir", ""], ["list", ""],
+                                  ["merge", "{a}", "-o", ""], ["pack", "{a}", "-o", ""]],
+                         ids=["pack", "unpack", "verify", "relocate", "ensure", "list", "merge-o", "pack-o"])
 def test_an_empty_path_is_refused_not_taken_as_the_current_directory(argv, archive, tmp_path, monkeypatch, capsys):
     """What ``--cache-dir "$ROOT"`` gives when ROOT is unset: never the current directory."""
     monkeypatch.chdir(tmp_path)

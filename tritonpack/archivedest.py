@@ -35,6 +35,8 @@ class Destination(NamedTuple):
 
 def destination(output: str) -> Destination:
     """Where an archive named ``output`` goes, decided once for every command that writes one."""
+    if not output.strip():
+        raise UsageError("the archive's path given is empty (an unset variable?)")
     try:
         mode = os.stat(output).st_mode
     except FileNotFoundError:  # a new file, or the missing target of a dangling link: created there
