@@ -15,6 +15,7 @@ from typing import NamedTuple
 from .fingerprint import LocalTriton
 from .gpus import Target
 from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo
+from .report import entries as count_entries
 
 TRITON = "triton"
 BACKEND = "backend"
@@ -220,21 +221,17 @@ def _check_stub(entry: Entry, env: Environment) -> list[Mismatch]:
     return mismatches
 
 
-def _entries(n: int) -> str:
-    return f"{n} entr{'y' if n == 1 else 'ies'}"
-
-
 def _triton_unchecked(no_compiler: int, by_version: int) -> list[str]:
     """What the Triton comparison could not settle, counted: entries that no recorded Triton describes, and
     entries whose Triton matched by version while the archive holds no build key to compare."""
     notes = []
     if no_compiler:
         own = "its" if no_compiler == 1 else "their"
-        notes.append(f"{_entries(no_compiler)} without a Triton version of {own} own (autotune results, kernels of "
-                     f"Triton before 3.3): the archive records no one Triton that compiled its kernels, so {own} "
-                     "Triton was not checked")
+        notes.append(f"{count_entries(no_compiler)} without a Triton version of {own} own (autotune results, "
+                     f"kernels of Triton before 3.3): the archive records no one Triton that compiled its kernels, "
+                     f"so {own} Triton was not checked")
     if by_version:
-        notes.append(f"{_entries(by_version)} matched by Triton version only: the archive holds no build key (nor "
+        notes.append(f"{count_entries(by_version)} matched by Triton version only: the archive holds no build key (nor "
                      "backend hash) of the Triton that compiled them")
     return notes
 

@@ -128,14 +128,11 @@ class UnpackResult(NamedTuple):
             parts.append(f"{self.relinked} relinked")
         if self.replaced:
             parts.append(f"{self.replaced} replaced")
-        if self.conflicts:
-            parts.append(f"{len(self.conflicts)} kept (differ)")
-        if self.linked:
-            parts.append(f"{len(self.linked)} kept (key directory is a symbolic link)")
-        if self.key_not_directory:
-            parts.append(f"{len(self.key_not_directory)} kept (key directory is not a directory)")
-        if self.file_is_directory:
-            parts.append(f"{len(self.file_is_directory)} kept (a file is a directory)")
+        for kept, why in ((self.conflicts, "differ"), (self.linked, "key directory is a symbolic link"),
+                          (self.key_not_directory, "key directory is not a directory"),
+                          (self.file_is_directory, "a file is a directory")):
+            if kept:
+                parts.append(f"{len(kept)} kept ({why})")
         if self.not_used_entries:
             parts.append(f"{self.not_used_entries} not used here (skipped)")
         count = plural(self.entries, "entry", "entries")
@@ -214,9 +211,8 @@ def kept_lines(conflicts: list[str], linked: list[str], key_not_directory: list[
     """One line per reason an unpack kept what the root holds, with a few of the entries."""
     lines = []
     if conflicts:
-        n = len(conflicts)
-        lines.append(f"kept {n} existing entr{'y' if n == 1 else 'ies'} whose content differs from the archive "
-                     f"(--overwrite replaces them): {shown(conflicts)}")
+        lines.append(f"kept {plural(len(conflicts), 'existing entry', 'existing entries')} whose content differs "
+                     f"from the archive (--overwrite replaces them): {shown(conflicts)}")
     if linked:
         lines.append(f"kept {entries(len(linked))} whose key directory is a symbolic link (never written through, "
                      f"not even with --overwrite; remove the link to unpack them): {shown(linked)}")
