@@ -187,9 +187,9 @@ def _others(key_dir: str, manifest, names: Sequence[str]) -> tuple[tuple[str, ..
 def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
-    another writer is still found. Raises ``CacheError`` where the entry's files are to be written but a rename
-    cannot put them in place (a directory where a file goes, a key path that is not a directory): before anything
-    of the entry changes."""
+    another writer is still found. What a rename cannot replace keeps the entry as it is, named for why: a linked
+    key directory, a file in its place (replaced only with ``overwrite``), a directory where a file goes (spec
+    §8.1)."""
     if fresh:
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     key_dir = os.path.join(root, entry.key)
