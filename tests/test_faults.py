@@ -256,6 +256,10 @@ def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive
     (key_dir / f"tmp.pid_{os.getpid()}_0d1b").mkdir()
     (key_dir / f"tmp.pid_{os.getpid()}_0d1b" / "x.ptx").write_text("in flight")
     (key_dir / f"tmp.tpack.{dead}.dddddddddddd").symlink_to(key_dir / "tmp.tpack.note")
+    elsewhere = tmp_path / "elsewhere"  # what a key directory that is a link points to: never written, nor cleaned
+    elsewhere.mkdir()
+    (elsewhere / f"tmp.tpack.{dead}.0badc0de0004").write_bytes(b"not the root's")
+    (root / ("L" * 52)).symlink_to(elsewhere)
     try:
         result = tritonpack.unpack(archive, root)
     finally:
@@ -266,6 +270,7 @@ def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, archive
     assert not list(other_dir.glob("tmp.*")), "a dead run's files in any key directory go"
     assert sorted(p.name for p in root.glob("tmp.*")) == sorted([live.name, live_staged.name])
     assert (live_staged / "k.ptx").read_bytes() == b"being written"
+    assert (elsewhere / f"tmp.tpack.{dead}.0badc0de0004").read_bytes() == b"not the root's"
 
 
 def test_a_completed_run_leaves_no_temp_files(tmp_path, archive):

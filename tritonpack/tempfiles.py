@@ -237,6 +237,8 @@ def clean_stale(root: str, key_dirs: list[str]) -> int:
                 key_dirs = sorted(set(key_dirs) | {n for n in os.listdir(root) if not n.startswith("tmp.")})
         for key in key_dirs:
             directory = os.path.join(root, key)
+            if not _is_dir(directory):  # a key directory that is a link is never written through, nor cleaned
+                continue
             try:
                 names = [n for n in os.listdir(directory) if n.startswith(PREFIX)]
             except OSError:
