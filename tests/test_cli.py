@@ -266,6 +266,19 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_directory(argv, archi
     assert sorted(os.listdir(tmp_path)) == ["gpu.tpack"]
 
 
+@pytest.mark.parametrize("argv", [["list", "{a}"], ["verify", "{root}"]], ids=["quick", "typer"])
+def test_ctrl_c_is_one_line_and_130_on_both_paths(argv, archive, tmp_path, monkeypatch, capsys):
+    from tritonpack import api, entry
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "open", interrupted)
+    monkeypatch.setattr(api, "verify", interrupted)
+    assert entry.main([word.format(a=archive, root=tmp_path) for word in argv]) == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text
