@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from conftest import snapshot
@@ -101,6 +103,35 @@ def test_a_key_directory_that_cannot_be_listed_is_a_group_verify_cannot_vouch_fo
     report = verify(str(root))  # the fixture's manifests are stale (a copy): they need attention too
     assert [(g.state, g.detail) for g in report.problems if g.path == hidden.name] == \
         [("unreadable", "unreadable: Permission denied")]
+
+
+def _without_root_powers() -> list[str]:
+    """A command prefix under which file permissions apply: none for a user, ``setpriv`` dropping root's
+    capability to read anything (skipped where it cannot)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+    if not shutil.which("setpriv") or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip("root, and setpriv cannot drop its capability to read any file here")
+    return prefix
+
+
+def test_an_unreadable_file_skips_its_entry_not_the_whole_pack(tmp_path, root):
+    """As an unreadable manifest does: the entry is reported, the rest is packed (a cubin that could not be read
+    failed the whole pack when the writer came to it)."""
+    prefix = _without_root_powers()
+    cubin = next(root.glob("*/*.cubin"))
+    key = cubin.parent.name
+    cubin.chmod(0)
+    out = subprocess.run([*prefix, sys.executable, "-m", "tritonpack", "pack", str(root), "-o",
+                          str(tmp_path / "k.tpack"), "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    skipped = json.loads(out.stdout)["skipped"]
+    assert [s["path"] for s in skipped if s["reason"].startswith("unreadable: Permission denied")] == \
+        [f"{key}/{cubin.name}"]
+    with tritonpack.open(tmp_path / "k.tpack") as reader:
+        keys = {e.key for e in reader.entries}
+    assert key not in keys and len(keys) == len({p.parent.name for p in root.glob("*/__grp__*.json")}) - 1
 
 
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):

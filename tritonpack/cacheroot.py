@@ -279,8 +279,9 @@ def stub_info(file_name: str) -> StubInfo:
     return StubInfo(role="launcher", ext_suffix=here.ext_suffix, platform=here.platform, tag_from="packer")
 
 
-def _regular_files(key_dir: str, rel: str, skipped: list[Skipped]) -> dict[str, int]:
-    """Name -> size of the plain files of a key dir, in name order; everything else is reported."""
+def _regular_files(key_dir: str, rel: str, skipped: list[Skipped], unreadable: set[str]) -> dict[str, int]:
+    """Name -> size of the plain files of a key dir that can be read, in name order; the names of those that
+    cannot go to ``unreadable`` (their entry is reported, not packed); everything else is reported."""
     files: dict[str, int] = {}
     with os.scandir(key_dir) as it:
         items = {item.name: item for item in it}
@@ -289,7 +290,9 @@ def _regular_files(key_dir: str, rel: str, skipped: list[Skipped]) -> dict[str, 
             skipped.append(Skipped(f"{rel}/{name}", "temporary file of an unfinished write"))
             continue
         mode = (st := items[name].stat(follow_symlinks=False)).st_mode
-        if stat.S_ISREG(mode):
+        if stat.S_ISREG(mode) and not _readable(items[name].path, mode):
+            unreadable.add(name)
+        elif stat.S_ISREG(mode):
             files[name] = st.st_size
         elif stat.S_ISLNK(mode):
             skipped.append(Skipped(f"{rel}/{name}", "symbolic link (never followed)"))
@@ -298,6 +301,17 @@ def _regular_files(key_dir: str, rel: str, skipped: list[Skipped]) -> dict[str, 
         else:
             skipped.append(Skipped(f"{rel}/{name}", "not a regular file"))
     return files
+
+
+_READ_BY_ALL = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+_EFFECTIVE = os.access in os.supports_effective_ids
+
+
+def _readable(path: str, mode: int) -> bool:
+    """Whether this process may read a file: asked of the kernel only where its mode does not let everyone read
+    it (a cache's files are 0644: no call for them), so that one unreadable file skips its entry, reported,
+    rather than failing the whole pack when the writer reads it."""
+    return mode & _READ_BY_ALL == _READ_BY_ALL or os.access(path, os.R_OK, effective_ids=_EFFECTIVE)
 
 
 def _read_json(path: str, size: int):
@@ -327,7 +341,8 @@ def _inside(path, directory: str) -> bool:
     return os.path.dirname(os.path.abspath(path)) == directory
 
 
-def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan: CacheScan) -> LocalEntry | None:
+def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], unreadable: set[str],
+                scan: CacheScan) -> LocalEntry | None:
     key_dir = os.path.join(root, key)
     skipped = scan.skipped
     rel = f"{key}/{manifest}"
@@ -346,6 +361,11 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan:
         skipped.append(Skipped(rel, f"manifest names an invalid child {bad[0]!r}"))
         return None
     scan.valid_names.update(names)
+    blocked = [n for n in names if n in unreadable]
+    if blocked:
+        skipped.append(Skipped(f"{key}/{blocked[0]}", f"unreadable: Permission denied (its group, {group_name}, is "
+                                                     "not packed)"))
+        return None
     missing = [n for n in names if n not in files]
     if missing:
         skipped.append(Skipped(rel, f"incomplete group: {missing[0]} is missing"))
@@ -373,13 +393,14 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], scan:
 
 def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
     key_dir = os.path.join(root, key)
-    files = _regular_files(key_dir, key, scan.skipped)
+    unreadable: set[str] = set()
+    files = _regular_files(key_dir, key, scan.skipped, unreadable)
     claimed: set[str] = set()
     unread = False  # a manifest whose children cannot be known: the directory's kernel files are taken as its
     found: list[LocalEntry] = []
     for name in [n for n in files if n.startswith(MANIFEST_PREFIX) and n.endswith(".json")]:
         claimed.add(name)
-        entry = _scan_group(root, key, name, files, scan)
+        entry = _scan_group(root, key, name, files, unreadable, scan)
         if entry is not None:
             found.append(entry)
             claimed.update(f.name for f in entry.files)
@@ -390,6 +411,12 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
                 claimed.update(n for n in children if isinstance(n, str))
             else:
                 unread = True
+    for name in sorted(unreadable - claimed):  # those of a group skipped above are reported with it
+        is_manifest = name.startswith(MANIFEST_PREFIX) and name.endswith(".json")
+        unread |= is_manifest
+        if is_manifest or not (unread and name.endswith(KERNEL_SUFFIXES)):
+            scan.skipped.append(Skipped(f"{key}/{name}", "unreadable manifest" if is_manifest else
+                                        "unreadable: Permission denied"))
     loose = [n for n in files if n not in claimed]
     orphans = [n for n in loose if n.endswith(KERNEL_SUFFIXES) and not n.endswith(AUTOTUNE_SUFFIX)]
     if orphans and not unread:  # else reported once, with the manifest that cannot be read
