@@ -209,3 +209,29 @@ def test_parse_log_counts_uses_and_survives_torn_lines():
     assert log.bad_lines == 1 and log.processes[7]["key_sha256"] == "ab"
     assert [(u.root, u.key, u.what, u.name, c) for u, c in log.uses.items()] == [
         ("/r", "KEY", "group", "add_kernel", [2, 0]), ("/r", "KEY", "file", "add_kernel.json", [0, 1])]
+
+
+def test_sigterm_reaches_the_recorded_command_and_packs_nothing(tmp_path):
+    """``timeout 60 tritonpack record -- CMD`` or a pod's end: the command is told and waited for, tritonpack
+    exits 143 with one line, and no archive is written (the command did not finish)."""
+    import signal
+    import time
+
+    started = tmp_path / "started"
+    program = (f"import os, pathlib, signal, sys, time\n"
+               f"signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+               f"pathlib.Path({str(started)!r}).write_text(str(os.getpid()))\n"
+               f"time.sleep(60)\n")
+    out = tmp_path / "k.tpack"
+    proc = subprocess.Popen([sys.executable, "-m", "tritonpack", "record", "-o", str(out), "--", sys.executable,
+                             "-c", program], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (started.exists() and started.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(started.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert proc.stderr.read() == "error: interrupted by SIGTERM\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # told, ended, and reaped by tritonpack
+    assert not out.exists() and os.listdir(tmp_path) == ["started"]

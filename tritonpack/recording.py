@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
-from .errors import CacheError, RecordError, UsageError
+from .errors import CacheError, RecordError, Terminated, UsageError
 from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order, manifest_name
 from .report import count_words, foreign_manifests_line, human_bytes, kind_counts, plural
 
@@ -307,11 +307,41 @@ def _run(command: Sequence[str], env: Mapping[str, str], stdout: int | None) -> 
         raise UsageError("command not found", command[0]) from None
     except OSError as e:
         raise UsageError(f"cannot run: {e.strerror}", command[0]) from None
+    with _forwarding_sigterm(proc) as received:
+        try:
+            returncode = proc.wait()
+        except KeyboardInterrupt:  # the terminal interrupted the command too: let it finish its own way
+            proc.wait()
+            raise
+    if received:  # stopped as a whole (``timeout``, a pod's end): the command was told, and nothing is packed
+        raise Terminated(received[0])
+    return returncode
+
+
+@contextlib.contextmanager
+def _forwarding_sigterm(proc: subprocess.Popen):
+    """A SIGTERM to tritonpack while the command runs goes to the command too, which runs in its own process and
+    would otherwise go on alone; yields the signals received. Only from the main thread, and only where SIGTERM
+    has its default action (a program's own handler is left alone)."""
+    import signal
+    import threading
+
+    received: list[int] = []
+
+    def forward(signum: int, frame) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    installed = (threading.current_thread() is threading.main_thread()
+                 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    if installed:
+        signal.signal(signal.SIGTERM, forward)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:  # the terminal interrupted the command too: let it finish its own way
-        proc.wait()
-        raise
+        yield received
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _status(returncode: int) -> str:
