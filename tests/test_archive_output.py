@@ -85,6 +85,17 @@ def test_a_fifo_is_written_in_place_and_its_reader_gets_the_whole_archive(comman
     assert sorted(os.listdir(tmp_path)) == ["got.tpack", "pipe"]
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["summary", "json"])
+@pytest.mark.parametrize("command", ["pack", "merge"])
+def test_an_archive_written_to_standard_output_gets_no_summary_in_it(command, as_json, inputs, expected):
+    """``pack -o /dev/stdout | aws s3 cp - ...``: the summary (or JSON) goes to standard error instead."""
+    words = [w for w in argv(command, inputs, "/dev/stdout") if w != "-q"] + (["--json"] if as_json else [])
+    out = subprocess.run([sys.executable, "-m", "tritonpack", *words], capture_output=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected[command]
+    assert (b'"archive": "/dev/stdout"' if as_json else b" -> /dev/stdout\n") in out.stderr
+
+
 @pytest.mark.parametrize("target", ["existing", "dangling"])
 @pytest.mark.parametrize("command", ["pack", "merge"])
 def test_a_symlink_is_followed_its_target_replaced_and_the_link_kept(command, target, inputs, expected, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -62,12 +63,25 @@ def to_json(doc) -> str:
 
 
 def reported(result, as_json: bool, quiet: bool) -> Output:
-    """A result as JSON, or its notes and one-line summary (nothing but errors when quiet)."""
+    """A result as JSON, or its notes and one-line summary (nothing but errors when quiet). On standard error
+    where the archive written is standard output (``pack -o /dev/stdout | ...``): not into the archive."""
     if as_json:
-        return Output(to_json(result.to_dict()))
-    if quiet:
+        output = Output(to_json(result.to_dict()))
+    elif quiet:
         return Output()
-    return Output(printable(result.summary()), tuple(result.notes()))
+    else:
+        output = Output(printable(result.summary()), tuple(result.notes()))
+    if _is_standard_output(getattr(result, "archive", None)):
+        return Output(None, (*output.err, output.out), output.code)
+    return output
+
+
+def _is_standard_output(path: str | None) -> bool:
+    try:
+        return path is not None and sys.stdout is not None and os.path.samestat(os.stat(path),
+                                                                                os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):
+        return False
 
 
 def selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
