@@ -279,6 +279,22 @@ def test_ctrl_c_is_one_line_and_130_on_both_paths(argv, archive, tmp_path, monke
     assert capsys.readouterr().err == "error: interrupted\n"
 
 
+def test_the_progress_bar_keeps_to_the_terminal_and_out_of_redirected_output(tmp_path, gpu_cache):
+    """``tritonpack pack ... > log`` at a terminal: the bar (drawn on standard error, the terminal) puts nothing into
+    the log, which gets the summary alone."""
+    import pty
+
+    leader, follower = pty.openpty()
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        done = subprocess.run([sys.executable, "-m", "tritonpack", "pack", str(gpu_cache), "-o",
+                               str(tmp_path / "k.tpack")], stdout=out, stderr=follower)
+    os.close(follower)
+    os.close(leader)
+    assert done.returncode == 0
+    assert re.fullmatch(r"packed 9 entries [^\n]* -> \S+k\.tpack\n", log.read_text()), log.read_text()
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

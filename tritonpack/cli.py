@@ -48,10 +48,13 @@ def _progress(enabled: bool, label: str):
         return
     import time
 
+    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
+    # on standard error, the terminal it checked: standard output may be a file (``> log``) or the archive
     with Progress(f"[bold]{label}", BarColumn(), DownloadColumn(), TimeRemainingColumn(), transient=True,
-                  console=None, auto_refresh=False) as bar:
+                  console=Console(stderr=True), auto_refresh=False, redirect_stdout=False,
+                  redirect_stderr=False) as bar:
         task = bar.add_task(label, total=None)
         drawn = 0.0
 
@@ -101,8 +104,9 @@ def pack(
     Example: tritonpack pack ~/.triton/cache -o kernels.tpack --arch cuda:90
     """
     with _progress(not (quiet or as_json), "packing") as progress:
-        show(pack_output(cache_dir, output, level, arch, kernel, binary_only, since, as_json, quiet, progress,
-                         splice_ptx))
+        done = pack_output(cache_dir, output, level, arch, kernel, binary_only, since, as_json, quiet, progress,
+                           splice_ptx)
+    show(done)  # once the bar is gone
 
 
 ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."
@@ -141,11 +145,12 @@ def unpack(
                                  "unpacking into a cache directory")
             from .redis_cache import unpack_to_redis
 
-            _emit(unpack_to_redis(archive, to_redis, overwrite=overwrite, force=force, targets=target or None,
-                                  progress=progress), as_json, quiet)
+            done = reported(unpack_to_redis(archive, to_redis, overwrite=overwrite, force=force,
+                                            targets=target or None, progress=progress), as_json, quiet)
         else:
-            show(unpack_output(archive, cache_dir, overwrite, force, target, arch, kernel, binary_only, as_json,
-                               quiet, progress))
+            done = unpack_output(archive, cache_dir, overwrite, force, target, arch, kernel, binary_only, as_json,
+                                 quiet, progress)
+    show(done)  # once the bar is gone
 
 
 @app.command()
