@@ -295,6 +295,24 @@ def test_the_progress_bar_keeps_to_the_terminal_and_out_of_redirected_output(tmp
     assert re.fullmatch(r"packed 9 entries [^\n]* -> \S+k\.tpack\n", log.read_text()), log.read_text()
 
 
+def test_the_api_expands_a_home_directory_as_a_shell_would(tmp_path, gpu_cache, monkeypatch):
+    """README's ``tritonpack.pack("~/.triton/cache", ...)``: ``~`` is the home directory, never a directory named
+    ``~`` in the current one (unpack and ensure made one)."""
+    import shutil
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(gpu_cache, tmp_path / "home" / "cache")
+    tritonpack.pack("~/cache", "~/k.tpack")
+    assert tritonpack.unpack("~/k.tpack", "~/root", force=True).written
+    assert tritonpack.ensure("~/k.tpack", "~/root2").cache_dir == str(tmp_path / "home" / "root2")
+    with tritonpack.open("~/k.tpack") as reader:
+        assert reader.entries
+    assert main(["unpack", "~/k.tpack", "--cache-dir=~/root3", "--force", "-q"]) == 0
+    assert sorted(os.listdir(tmp_path / "home")) == ["cache", "k.tpack", "root", "root2", "root3"]
+    assert os.listdir(tmp_path) == ["home"]
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

@@ -37,6 +37,7 @@ def destination(output: str) -> Destination:
     """Where an archive named ``output`` goes, decided once for every command that writes one."""
     if not output.strip():
         raise UsageError("the archive's path given is empty (an unset variable?)")
+    output = os.path.expanduser(output)  # as a shell would, where none did (the API, -o=~/k.tpack)
     try:
         mode = os.stat(output).st_mode
     except FileNotFoundError:  # a new file, or the missing target of a dangling link: created there
@@ -58,7 +59,7 @@ def archive_file(output: str) -> Iterator[tuple[BinaryIO, str | None]]:
     target = destination(output)
     with _terminated_as_exception() as held:
         if target.in_place:
-            with _opened_in_place(output) as out:
+            with _opened_in_place(target.path) as out:
                 yield out, None
             return
         directory = os.path.dirname(target.path)

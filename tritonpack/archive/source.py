@@ -30,6 +30,7 @@ class LocalFile:
         self.name = path if name is None else name
         if not path.strip():
             raise UsageError("the archive's path given is empty (an unset variable?)", name)
+        path = os.path.expanduser(path)  # as a shell would, where none did (the API)
         try:
             # Non-blocking, so that a FIFO named as the archive cannot hang the open; only a regular file can be
             # read by offset.
