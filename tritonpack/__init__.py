@@ -11,8 +11,10 @@ from .errors import (
     ConflictError,
     IncompatibleError,
     IntegrityError,
+    ReaderLimitError,
     RecordError,
     RemoteError,
+    Terminated,
     TpackError,
     UnsupportedFormatError,
     UsageError,
@@ -21,22 +23,26 @@ from .errors import (
 if TYPE_CHECKING:
     from .api import check, environment, open, pack, relocate, unpack, verify
     from .archive.reader import ArchiveReader
+    from .compat import CheckReport
     from .ensuring import EnsureResult, ensure
     from .merging import MergeResult, merge
-    from .model import ArchiveInfo, Entry, KernelInfo, StoredFile
-    from .oci import pull, push
+    from .model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
+    from .oci import PullResult, PushResult, pull, push
     from .recording import RecordResult, record
     from .redis_cache import unpack_to_redis
+    from .repair import RelocateReport, VerifyReport
     from .report import PackResult, UnpackResult
 
 # Loaded on first use: `tritonpack list` or code that calls only unpack() does not pay for the rest.
 _LAZY = {
     **dict.fromkeys(("check", "environment", "open", "pack", "relocate", "unpack", "verify"), "api"),
     "ArchiveReader": "archive.reader",
-    **dict.fromkeys(("ArchiveInfo", "Entry", "KernelInfo", "StoredFile"), "model"),
+    **dict.fromkeys(("ArchiveInfo", "AutotuneInfo", "Entry", "KernelInfo", "StoredFile", "StubInfo"), "model"),
+    "CheckReport": "compat", "VerifyReport": "repair", "RelocateReport": "repair",
     **dict.fromkeys(("PackResult", "UnpackResult"), "report"),
     "ensure": "ensuring", "EnsureResult": "ensuring", "record": "recording", "RecordResult": "recording",
-    "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci",
+    "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci", "PushResult": "oci",
+    "PullResult": "oci",
     "unpack_to_redis": "redis_cache",
 }
 
@@ -58,8 +64,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment", "record", "merge",
     "ensure", "RecordResult", "MergeResult", "EnsureResult",
-    "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "StoredFile",
-    "PackResult", "UnpackResult", "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError",
-    "IntegrityError", "CacheError", "IncompatibleError", "RecordError", "ConflictError", "RemoteError",
+    "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "AutotuneInfo", "StubInfo", "StoredFile",
+    "PackResult", "UnpackResult", "CheckReport", "VerifyReport", "RelocateReport", "PushResult", "PullResult",
+    "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError", "IntegrityError", "ReaderLimitError",
+    "CacheError", "IncompatibleError", "RecordError", "ConflictError", "RemoteError", "Terminated",
     "push", "pull", "unpack_to_redis",
 ]

@@ -59,12 +59,13 @@ class ConflictError(TpackError):
     """Archives to merge hold the same entry with different contents, and no preference was given."""
 
 
-class Terminated(BaseException):
-    """A SIGTERM received while an archive was written (``archivedest.py``), raised in the main thread so that the
-    temp file is removed on the way out. Not a ``TpackError``: like ``KeyboardInterrupt`` it is a
-    ``BaseException``, which no ``except Exception`` takes for a failure to recover from. The CLI exits with
-    128 + the signal's number, as a shell reports a process the signal ended."""
+class Terminated(SystemExit):
+    """A SIGTERM received while an archive was written (``archivedest.py``) or a recorded command ran, raised in
+    the main thread so that temp files are removed on the way out. Not a ``TpackError``: a ``SystemExit`` with
+    status 128 + the signal's number, as a shell reports a process that signal ended, which no ``except
+    Exception`` takes for a failure to recover from, and which ends a program calling the API quietly, with that
+    status, where nothing catches it. The CLI says so in one line."""
 
     def __init__(self, signal_number: int):
-        super().__init__(signal_number)
+        super().__init__(128 + signal_number)
         self.signal_number = signal_number
