@@ -80,7 +80,8 @@ def test_conflict_is_an_error_naming_the_key_unless_prefer(tmp_path, compiled_ro
     out = tmp_path / "m.tpack"
     assert main(["merge", str(whole), str(patched), "-o", str(out)]) == 9
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {key}/") and "--prefer first|last" in err and err.count("\n") == 1
+    assert err.startswith(f"error: {patched}: {key}/") and f"differs from {whole}'s" in err  # error: <file>: ...
+    assert "--prefer first|last" in err and err.count("\n") == 1
     assert not out.exists()
     first = tritonpack.merge([whole, patched], out, prefer="first")
     assert len(first.conflicts) == 1 and contents(out) == contents(whole)

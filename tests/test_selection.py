@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import snapshot
@@ -199,7 +200,17 @@ def test_a_pack_of_nothing_is_an_error_not_an_empty_archive(tmp_path, compiled_r
     assert "nothing to pack: " in capsys.readouterr().err
     assert main_exit(["pack", str(above / "cache"), "-o", out, "--kernel", "no_such_*"]) == 2
     assert "not selected by --arch or --kernel" in capsys.readouterr().err
-    assert not (tmp_path / "k.tpack").exists()
+    (above / "cache" / ("S" * 52)).mkdir()  # a launcher stub, which every selection keeps: still nothing to pack
+    (above / "cache" / ("S" * 52) / "__triton_launcher.cpython-311-x86_64-linux-gnu.so").write_bytes(b"stub")
+    assert main_exit(["pack", str(above / "cache"), "-o", out, "--kernel", "no_such_*"]) == 2
+    assert "nothing to pack: no kernel matches --arch or --kernel" in capsys.readouterr().err
+    assert main_exit(["pack", str(above / "cache"), "-o", out]) == 0
+    assert main_exit(["unpack", out, "--cache-dir", str(tmp_path / "r"), "--force", "--kernel", "no_such_*"]) == 2
+    assert "matches --arch or --kernel" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert main_exit(["merge", out, "-o", str(tmp_path / "m.tpack"), "--arch", "cuda:75"]) == 2
+    assert "nothing to merge: no kernel" in capsys.readouterr().err
+    os.unlink(out)
+    assert not (tmp_path / "k.tpack").exists() and not (tmp_path / "m.tpack").exists()
 
 
 def test_pack_since(tmp_path, compiled_root):

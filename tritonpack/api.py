@@ -13,7 +13,7 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, TpackError, UsageError
-from .model import ArchiveInfo, Entry, TritonInfo
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
 from .selection import EVERYTHING, Selection
 from .triton_env import cache_root
@@ -163,6 +163,9 @@ def pack(
             total += e.size
             kinds[e.kind] += 1
             foreign += e.foreign_manifest
+        if selection.chooses_kernels and not kinds[GROUP]:
+            raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)})",
+                             root)
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
         triton, triton_note = _compiling_triton(compilers, local, {f"{b}:{a}" for b, a, _ in targets})
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
@@ -275,6 +278,9 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     every = reader.entries
     selected = array("I", (n for n, e in enumerate(every) if selection.wants(e)))
     entries = tuple(map(every.__getitem__, selected))
+    if selection.chooses_kernels and not any(e.kind == GROUP for e in entries):
+        kernels = sum(e.kind == GROUP for e in every)
+        raise UsageError(f"no kernel of the {kernels} in the archive matches --arch or --kernel", reader.path)
     report = check_entries(entries, reader.info, environment(entries, targets, gpus))
     if entries and not report.usable_count and not force:
         reason = report.reasons()[0][0]

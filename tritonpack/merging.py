@@ -180,14 +180,15 @@ def merge(
                     continue
                 where = f"{entry.key}/{entry.name} ({entry.kind})"
                 if prefer is None:
-                    raise ConflictError(
-                        f"{where} differs between {names[first_source]} and {names[source]} "
-                        "(--prefer first|last chooses one)")
+                    raise ConflictError(f"{where} differs from {names[first_source]}'s (--prefer first|last chooses "
+                                        "one)", names[source])
                 conflicts.append(f"{where}: kept from {names[first_source] if prefer == 'first' else names[source]}")
                 if prefer == "last":
                     chosen[ident] = (source, number, entry)
         _check_paths(chosen, names)
         picked = sorted(chosen.values(), key=lambda c: c[2].ident)
+        if selection.chooses_kernels and not any(e.kind == GROUP for _, _, e in picked):
+            raise UsageError("nothing to merge: no kernel of the inputs matches --arch or --kernel")
         keep = {(s, n): selection.file_indices(readers[s].entries[n]) for s, n, _ in picked}
         store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, _ in picked for j in keep[(s, n)]),
                           max_blocks=max_blocks)

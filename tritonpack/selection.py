@@ -46,6 +46,12 @@ class Selection(NamedTuple):
                 raise ValueError(f"--arch takes cuda:90, hip:gfx942, or just 90 or gfx942, not {arch!r}")
         return self._replace(archs=archs)
 
+    @property
+    def chooses_kernels(self) -> bool:
+        """Whether it names targets or kernels: then taking no kernel is a mistake to say, not an empty result (a
+        typo in a glob left the launcher stubs alone)."""
+        return bool(self.archs or self.kernels)
+
     def wants(self, entry) -> bool:
         if entry.kind == GROUP:
             if self.archs and not self._arch_matches(entry.kernel):
