@@ -134,6 +134,46 @@ def test_an_unreadable_file_skips_its_entry_not_the_whole_pack(tmp_path, root):
     assert key not in keys and len(keys) == len({p.parent.name for p in root.glob("*/__grp__*.json")}) - 1
 
 
+def test_relocate_fixes_what_it_can_and_reports_the_rest(root, monkeypatch):
+    """A group whose manifest cannot be rewritten (a read-only key directory) is reported; the others are fixed
+    (relocate stopped at the first). Notes are one line per kind of problem."""
+    import errno
+
+    from tritonpack import repair
+
+    stuck = first_group(root)
+    rewrite = repair.atomic_write
+
+    def atomic_write(directory, name, data):
+        if directory == str(stuck):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), directory)
+        return rewrite(directory, name, data)
+
+    monkeypatch.setattr(repair, "atomic_write", atomic_write)
+    groups = len(list(root.glob("*/__grp__*.json")))
+    report = repair.relocate(str(root))
+    assert (len(report.fixed), [p.split("/")[0] for p, _ in report.not_fixed]) == (groups - 1, [stuck.name])
+    assert report.notes() == [f"not fixed: 1 group: cannot rewrite manifest: Permission denied: "
+                              f"{report.not_fixed[0][0]}"]
+    stale = repair.verify(str(root)).notes()
+    assert len(stale) == 1 and stale[0].startswith("stale: 1 group: points into another root")
+
+
+def test_verify_and_relocate_of_what_is_no_cache_root_are_errors(tmp_path, root, capsys):
+    """The directory above a cache root (``~/.triton``), or any other: a health check must not pass on it."""
+    from tritonpack.cli import main
+
+    above = tmp_path / "triton"
+    above.mkdir()
+    shutil.move(str(root), str(above / "cache"))
+    for command in ("verify", "relocate"):
+        assert main([command, str(above)]) == 4
+        assert capsys.readouterr().err == f"error: {above}: no Triton cache entry here; is the cache root " \
+                                          f"{above}/cache?\n"
+    (tmp_path / "empty").mkdir()  # a fresh root holds nothing: nothing to say
+    assert main(["verify", str(tmp_path / "empty"), "-q"]) == 0
+
+
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):
     (root / "stray.txt").write_text("x")
     before = snapshot(root)

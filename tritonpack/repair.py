@@ -45,7 +45,7 @@ class VerifyReport:
         return f"verified {len(self.groups)} groups under {self.cache_dir} with {how}: {ok} ok, {verdict}"
 
     def notes(self) -> list[str]:
-        return [f"{g.state}: {g.path}: {g.detail}" for g in self.problems]
+        return _alike_lines((g.state, g.detail, g.path) for g in self.problems)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": not self.problems}
@@ -63,7 +63,19 @@ class RelocateReport:
                 f"into their own directory; {len(self.not_fixed)} could not be fixed")
 
     def notes(self) -> list[str]:
-        return [f"not fixed: {path}: {reason}" for path, reason in self.not_fixed]
+        return _alike_lines(("not fixed", reason, path) for path, reason in self.not_fixed)
+
+
+def _alike_lines(problems) -> list[str]:
+    """One line per kind of problem (``(label, detail, group path)``), with a few of its groups: a copied root of
+    20,000 groups is one line, not 20,000 (``--json`` lists every group)."""
+    from .report import plural, shown
+
+    alike: dict[tuple[str, str], list[str]] = {}
+    for label, detail, path in problems:
+        alike.setdefault((label, detail), []).append(path)
+    return [f"{label}: {plural(len(paths), 'group')}: {detail}: {shown(paths)}"
+            for (label, detail), paths in alike.items()]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,9 +124,21 @@ def _resolver():
     return resolves, ("triton" if FileCacheManager is not None else "emulated")
 
 
-def verify(cache_dir: str) -> VerifyReport:
+def _scanned(cache_dir: str):
+    """The root's scan; an error where it holds things but no Triton cache entry (the directory above a cache
+    root, or another directory): a health check that finds nothing there must not pass."""
     root = os.path.abspath(cache_dir)
     scan = scan_cache(root)
+    if not scan.entries and scan.skipped and not any(_group_problem(s.reason) for s in scan.skipped):
+        inner = os.path.join(root, "cache")
+        hint = f"; is the cache root {inner}?" if os.path.isdir(inner) else " (a Triton cache root holds one " \
+            "directory per cache key)"
+        raise CacheError(f"no Triton cache entry here{hint}", root)
+    return root, scan
+
+
+def verify(cache_dir: str) -> VerifyReport:
+    root, scan = _scanned(cache_dir)
     resolves, how = _resolver()
     report = VerifyReport(root, resolved_by=how)
     for entry in (e for e in scan.entries if e.kind == GROUP):
@@ -139,18 +163,19 @@ def verify(cache_dir: str) -> VerifyReport:
 
 
 def relocate(cache_dir: str) -> RelocateReport:
-    root = os.path.abspath(cache_dir)
-    scan = scan_cache(root)
+    root, scan = _scanned(cache_dir)
     report = RelocateReport(root)
     for entry in (e for e in scan.entries if e.kind == GROUP):
         if not entry.foreign_manifest:
             report.already_ok += 1
             continue
+        path = f"{entry.key}/{manifest_name(entry.name)}"
         try:
             atomic_write(os.path.join(root, entry.key), manifest_name(entry.name), manifest_bytes(root, entry))
-        except OSError as e:
-            raise CacheError(f"cannot rewrite manifest: {e.strerror}", os.path.join(root, entry.key)) from e
-        report.fixed.append(f"{entry.key}/{manifest_name(entry.name)}")
+        except OSError as e:  # this group stays as it was: the others are still fixed, and it is reported
+            report.not_fixed.append((path, f"cannot rewrite manifest: {e.strerror}"))
+            continue
+        report.fixed.append(path)
     for skipped in scan.skipped:
         if _group_problem(skipped.reason):
             report.not_fixed.append((skipped.path, skipped.reason))
