@@ -313,6 +313,18 @@ def test_the_api_expands_a_home_directory_as_a_shell_would(tmp_path, gpu_cache, 
     assert os.listdir(tmp_path) == ["home"]
 
 
+def test_a_string_where_the_api_takes_a_list_is_one_value_or_refused(archive, tmp_path):
+    """Not one value a character: ``check(a, targets="cuda:90")`` is one target; a merge of ``"k.tpack"`` or a
+    record of ``"python train.py"`` is refused in words."""
+    assert tritonpack.check(archive, targets="cuda:90,cuda:80").environment.targets == \
+        tritonpack.check(archive, targets=["cuda:90", "cuda:80"]).environment.targets
+    with pytest.raises(tritonpack.UsageError, match="a list of archives"):
+        tritonpack.merge(str(archive), tmp_path / "m.tpack")
+    with pytest.raises(tritonpack.UsageError, match="a list of words"):
+        tritonpack.record("python train.py", tmp_path / "r.tpack")
+    assert os.listdir(tmp_path) == ["gpu.tpack"]
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

@@ -240,8 +240,9 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
     here = python_info()
     abi = (here.ext_suffix, here.platform)
     if targets:
+        values = [targets] if isinstance(targets, str) else targets  # one target, or a comma list, as a string
         try:
-            return Environment(local, [parse_target(t) for value in targets for t in value.split(",")], "--target",
+            return Environment(local, [parse_target(t) for value in values for t in value.split(",")], "--target",
                                *abi)
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None

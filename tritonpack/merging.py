@@ -149,6 +149,8 @@ def merge(
     from .api import source_date_epoch
     from .archive.writer import write_archive
 
+    if isinstance(inputs, (str, os.PathLike)):  # would be read as one archive a character
+        raise UsageError("merge takes a list of archives, not one path", os.fspath(inputs))
     if not inputs:
         raise UsageError("nothing to merge: name at least one archive")
     if prefer is not None and prefer not in PREFER:

@@ -366,6 +366,8 @@ def record(
     from .archive.writer import write_archive
     from .archivedest import destination
 
+    if isinstance(command, str):  # would be run as one program a character
+        raise UsageError("record takes the command as a list of words, e.g. shlex.split(line)", command)
     command = list(command)
     if not command:
         raise UsageError("no command to record (tritonpack record -o OUT.tpack -- CMD [ARGS...])")
