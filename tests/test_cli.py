@@ -325,6 +325,26 @@ def test_a_string_where_the_api_takes_a_list_is_one_value_or_refused(archive, tm
     assert os.listdir(tmp_path) == ["gpu.tpack"]
 
 
+def test_an_archive_the_filesystem_will_not_open_is_exit_4(archive, monkeypatch, capsys):
+    """Permission denied, too many open files: the filesystem's no (4), as for a cache root; a missing archive
+    stays a usage error (2)."""
+    import errno
+
+    from tritonpack.archive import source
+
+    opening = os.open
+
+    def refused(path, *args, **kwargs):
+        if os.fspath(path) == str(archive):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return opening(path, *args, **kwargs)
+
+    monkeypatch.setattr(source.os, "open", refused)
+    assert main(["list", str(archive)]) == 4
+    assert capsys.readouterr().err == f"error: {archive}: cannot open: Permission denied\n"
+    assert main(["list", str(archive) + ".gone"]) == 2
+
+
 def test_shell_completion(tmp_path):
     help_text = run("--help").stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text

@@ -6,7 +6,7 @@ import os
 import stat
 from typing import Protocol
 
-from ..errors import ArchiveError, UsageError
+from ..errors import ArchiveError, CacheError, UsageError
 
 
 class ByteSource(Protocol):
@@ -40,7 +40,7 @@ class LocalFile:
         except IsADirectoryError:
             raise UsageError("is a directory, not an archive", self.name) from None
         except OSError as e:
-            raise UsageError(f"cannot open: {e.strerror}", self.name) from None
+            raise CacheError(f"cannot open: {e.strerror}", self.name) from None  # a filesystem's no (4), not usage
         mode = os.fstat(self._fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(self._fd)
