@@ -155,3 +155,15 @@ def test_bad_archive_is_an_archive_error(tmp_path):
     with pytest.raises(tritonpack.ArchiveError):
         tritonpack.ensure(bad, tmp_path / "root")
     assert main(["ensure", str(tmp_path / "missing.tpack"), "--cache-dir", str(tmp_path / "root")]) == 2
+
+
+def test_a_local_archive_gone_since_is_still_an_error(tmp_path, archive, capsys):
+    """Only an archive behind a server may be briefly unreachable: an image without its archive file is broken."""
+    root = tmp_path / "root"
+    for location in (str(archive), archive.as_uri()):
+        assert tritonpack.ensure(location, root).ok
+    assert not list((root / ".tritonpack").glob("ensure-url-*")), "no URL record for a local file"
+    archive.unlink()
+    for location in (str(archive), archive.as_uri()):
+        assert main(["ensure", location, "--cache-dir", str(root)]) == 2
+        assert "no such archive" in capsys.readouterr().err

@@ -170,3 +170,72 @@ def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
         assert main(["list", "s3://bucket/k.tpack"]) == 2  # fails before any network access
         err = capsys.readouterr().err
         assert err.startswith("error: s3://bucket/k.tpack: s3:// needs a package") and "s3fs" in err
+
+
+UNREACHABLE_NOTE = "trusted the stamp of the last ensure of this URL"
+
+
+def test_ensure_trusts_the_last_stamp_of_a_url_the_server_no_longer_has(big, server, tmp_path, capsys, monkeypatch):
+    """A registry or bucket briefly without the archive does not stop a model from loading: ensure answers from
+    the stamp its last ensure of that URL left, in that environment, if every entry is still there."""
+    served = server.www / f"{tmp_path.name}.tpack"
+    url, root = f"{server.url}/{served.name}", tmp_path / "cache"
+    shutil.copyfile(big, served)
+    first = tritonpack.ensure(url, root)
+    assert first.status == "unpacked" and not first.unreachable
+    served.rename(served.with_suffix(".gone"))
+
+    trusted = tritonpack.ensure(url, root)
+    assert (trusted.status, trusted.digest, trusted.written) == ("present", first.digest, 0)
+    assert trusted.unreachable == "no such archive (not found on the server)" and trusted.stamp == first.stamp
+    assert f"archive not reachable: no such archive (not found on the server); {UNREACHABLE_NOTE}" in trusted.notes()
+    assert main(["ensure", url, "--cache-dir", str(root)]) == 0
+    out, err = capsys.readouterr()
+    assert "already present" in out and UNREACHABLE_NOTE in err, (out, err)
+    assert main(["ensure", url, "--cache-dir", str(root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["status"], doc["unreachable"]) == ("present", "no such archive (not found on the server)")
+
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # another environment: its stamp was never made
+    assert main(["ensure", url, "--cache-dir", str(root)]) == 2
+    assert "no such archive (not found on the server)" in capsys.readouterr().err
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert main(["ensure", f"{url}?again", "--cache-dir", str(root)]) == 2  # another URL: no stamp of its own
+    capsys.readouterr()
+    next(root.glob("*/__grp__*.json")).unlink()  # an entry gone since: the stamp no longer holds
+    with pytest.raises(tritonpack.UsageError, match="not found on the server"):
+        tritonpack.ensure(url, root)
+
+
+def test_ensure_trusts_the_stamp_of_the_archive_a_url_had_last(big, server, compiled_root, tmp_path):
+    """The URL's last ensure names the stamp, not its first: a repeat ensure that found its stamp records it too."""
+    served = server.www / f"{tmp_path.name}.tpack"
+    url, root = f"{server.url}/{served.name}", tmp_path / "cache"
+    small = tmp_path / "small.tpack"
+    tritonpack.pack(compiled_root, small)
+    shutil.copyfile(big, served)
+    first = tritonpack.ensure(url, root)
+    shutil.copyfile(small, served)
+    second = tritonpack.ensure(url, root)
+    assert second.digest != first.digest
+    served.unlink()
+    assert tritonpack.ensure(url, root).digest == second.digest
+    shutil.copyfile(big, served)
+    assert tritonpack.ensure(url, root).digest == first.digest
+    served.unlink()
+    trusted = tritonpack.ensure(url, root)
+    assert (trusted.status, trusted.digest) == ("present", first.digest) and trusted.unreachable
+
+
+def test_ensure_trusts_the_last_stamp_when_the_server_is_down(big, tmp_path, capsys):
+    with nginx(tmp_path / "nginx") as brief:
+        shutil.copyfile(big, brief.www / "big.tpack")
+        url, root = f"{brief.url}/big.tpack", tmp_path / "cache"
+        first = tritonpack.ensure(url, root)
+    trusted = tritonpack.ensure(url, root)
+    assert (trusted.status, trusted.digest) == ("present", first.digest)
+    assert trusted.unreachable.startswith(f"cannot connect to 127.0.0.1:{brief.port}")
+    assert main(["ensure", url, "--cache-dir", str(root)]) == 0
+    assert UNREACHABLE_NOTE in capsys.readouterr().err
+    assert main(["ensure", url, "--cache-dir", str(tmp_path / "elsewhere")]) == 7  # no stamp there
+    assert capsys.readouterr().err.startswith(f"error: {url}: cannot connect to 127.0.0.1:")

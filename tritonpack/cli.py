@@ -276,7 +276,8 @@ def ensure(
     """Unpack once: about a millisecond when already done, safe when many processes run it at once.
 
     The first run unpacks (usable entries only, as unpack) and leaves a stamp in ROOT/.tritonpack keyed by
-    the archive and the environment; later runs find it. Concurrent runs wait for the one that unpacks. When no
+    the archive and the environment; later runs find it, even when a URL's server is briefly unreachable (its
+    last run's stamp is trusted, and the output says so). Concurrent runs wait for the one that unpacks. When no
     entry would be used here nothing is written and the exit status is still 0 (5 with --strict).
 
     Example: tritonpack ensure /models/llama/kernels.tpack && exec python serve.py

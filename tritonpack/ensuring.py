@@ -9,6 +9,11 @@ Many processes may call it at once (every rank of a job): the first takes an exc
 ``<root>/.tritonpack/lock`` and unpacks; the others wait on the lock, then find the stamp. A process killed while
 unpacking releases the lock with its death and leaves no stamp, so the next caller simply unpacks (idempotent).
 
+An archive behind a URL may be briefly unreachable when a pod starts. Each ensure of a URL also records, beside
+the stamps, which digest that URL (in this environment) last had; when the server cannot be reached or no longer
+has the archive, that record names the stamp to trust, and ensure answers from it if its entries are all there.
+A local path that is gone stays an error: an image without its archive is broken, not briefly unreachable.
+
 What the environment key covers: the archive, this tritonpack, the Python ABI and platform, the installed Triton
 (its directory and the size and mtime of ``__init__.py``, ``libtriton`` and the backends directory, which any
 reinstall changes), the variables that may invalidate Triton's cache, the GPUs (``--target`` list, or the models
@@ -30,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from . import __version__
 from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
 from .cacheroot import TOOL_DIR as STAMP_DIR
-from .errors import ArchiveError, CacheError, IncompatibleError, UsageError
+from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
 from .model import GROUP, manifest_name
 from .report import kept_lines, plural, reasons_to_dicts
 from .triton_env import cache_root
@@ -59,6 +64,7 @@ class EnsureResult:
     unchecked: list[str] = field(default_factory=list)
     seconds: float = 0.0
     stamp: str = ""
+    unreachable: str = ""  # why the archive could not be read, when this result is the stamp of its URL's last ensure
 
     @property
     def ok(self) -> bool:
@@ -72,7 +78,9 @@ class EnsureResult:
                 f"{plural(self.entries, 'entry', 'entries')} usable) in {self.seconds * 1000:.1f} ms")
 
     def notes(self) -> list[str]:
-        lines = [f"not used here, {n}: {reason}" for reason, n in self.not_used]
+        lines = [f"archive not reachable: {self.unreachable}; trusted the stamp of the last ensure of this URL"
+                 ] if self.unreachable else []
+        lines += [f"not used here, {n}: {reason}" for reason, n in self.not_used]
         lines += kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
         return lines + [f"not checked: {note}" for note in self.unchecked]
 
@@ -97,6 +105,13 @@ def archive_digest(path: str) -> str:
         return parse_trailer(source.read_at(size - TRAILER_SIZE, TRAILER_SIZE), size, source.name).index_sha256.hex()
     finally:
         source.close()
+
+
+def _is_remote(location: str) -> bool:
+    """Read through a server (``https://``, ``s3://``, ``hf://``...), as opposed to a path or ``file://`` URL."""
+    from .remote import scheme_of
+
+    return scheme_of(location) not in ("", "file")
 
 
 def _stat_id(path: str) -> list:
@@ -221,6 +236,50 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
                         not_used=result.not_used, unchecked=result.unchecked), markers
 
 
+def _location_record(stamp_dir: str, location: str, env_key: str) -> str:
+    """The file that says which digest ``location`` had at its last ensure in this environment."""
+    name = hashlib.sha256(json.dumps([location, env_key]).encode()).hexdigest()[:32]
+    return os.path.join(stamp_dir, f"ensure-url-{name}.json")
+
+
+def _recorded_digest(record: str, location: str, env_key: str) -> str | None:
+    try:
+        with open(record, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("stamp") != STAMP_VERSION or [doc.get("location"), doc.get("environment")] != [location, env_key]:
+            return None
+        digest = doc["digest"]
+        return digest if isinstance(digest, str) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _record_location(record: str, location: str, env_key: str, digest: str) -> None:
+    """Write the record unless it already names this digest: one small read on the repeat path."""
+    from .cachedest import atomic_write
+
+    if _recorded_digest(record, location, env_key) == digest:
+        return
+    doc = {"stamp": STAMP_VERSION, "location": location, "environment": env_key, "digest": digest}
+    try:
+        atomic_write(os.path.dirname(record), os.path.basename(record), json.dumps(doc, indent=1).encode())
+    except OSError as e:
+        raise CacheError(f"cannot write the stamp: {e.strerror}", record) from e
+
+
+def _stamp_path(stamp_dir: str, digest: str, env_key: str) -> str:
+    return os.path.join(stamp_dir, f"ensure-{digest[:32]}-{env_key[:32]}.json")
+
+
+def _last_ensured(stamp_dir: str, root: str, location: str, env_key: str, start: float) -> EnsureResult | None:
+    """The result of the last ensure of this URL here, if it was recorded and its entries are all still there."""
+    digest = _recorded_digest(_location_record(stamp_dir, location, env_key), location, env_key)
+    if digest is None:
+        return None
+    result = _stamped(_stamp_path(stamp_dir, digest, env_key), root, location, False, start)
+    return result if result is not None and result.digest == digest else None
+
+
 def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> None:
     from .cachedest import atomic_write
 
@@ -233,6 +292,22 @@ def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> None:
         atomic_write(os.path.dirname(stamp), os.path.basename(stamp), json.dumps(doc, indent=1).encode())
     except OSError as e:
         raise CacheError(f"cannot write the stamp: {e.strerror}", stamp) from e
+
+
+def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, targets: list[str] | None,
+             processes: bool, start: float) -> EnsureResult:
+    """The stamp's result if it holds, else unpack (one process at a time) and stamp."""
+    stamp = _stamp_path(stamp_dir, digest, env_key)
+    result = _stamped(stamp, root, path, False, start)
+    if result is None:
+        with _exclusive(stamp_dir) as waited:
+            result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
+            if result is None:
+                result, markers = _unpack(path, root, digest, targets, processes)
+                result.waited = waited
+                _write_stamp(stamp, result, markers)
+    result.stamp = stamp
+    return result
 
 
 def ensure(
@@ -252,19 +327,20 @@ def ensure(
     start = time.perf_counter()
     path = os.fspath(archive)
     root = os.path.abspath(cache_root(cache_dir))
-    digest = archive_digest(path)
     stamp_dir = os.path.join(root, STAMP_DIR)
-    stamp = os.path.join(stamp_dir, f"ensure-{digest[:32]}-{environment_key(targets)[:32]}.json")
-    result = _stamped(stamp, root, path, False, start)
-    if result is None:
-        with _exclusive(stamp_dir) as waited:
-            result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
-            if result is None:
-                result, markers = _unpack(path, root, digest, targets, processes)
-                result.waited = waited
-                _write_stamp(stamp, result, markers)
+    env_key = environment_key(targets)
+    try:
+        digest = archive_digest(path)
+    except (RemoteError, NotFoundError) as e:
+        result = _last_ensured(stamp_dir, root, path, env_key, start) if _is_remote(path) else None
+        if result is None:
+            raise
+        result.unreachable = e.message
+    else:
+        result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
+        if _is_remote(path):
+            _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
     result.seconds = time.perf_counter() - start
-    result.stamp = stamp
     if strict and result.status == UNUSABLE:
         reason = result.not_used[0][0] if result.not_used else "no entry is usable"
         raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path)

@@ -21,6 +21,11 @@ class UsageError(TpackError):
     """A wrong argument or option value."""
 
 
+class NotFoundError(UsageError):
+    """The server holding an archive says it has none at that URL: told apart from other usage errors because
+    ``ensure`` may then trust the stamp of its last ensure of that URL."""
+
+
 class ArchiveError(TpackError):
     """The archive is not a valid ``.tpack`` file: wrong magic, truncated, corrupt, or hostile."""
 

@@ -10,7 +10,7 @@ import re
 
 from .archive.format import TRAILER_SIZE
 from .archive.source import ByteSource, LocalFile
-from .errors import RemoteError, TpackError, UsageError
+from .errors import NotFoundError, RemoteError, TpackError, UsageError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
@@ -152,7 +152,7 @@ class FsspecSource:
         except TpackError:
             raise
         except FileNotFoundError:
-            raise UsageError("no such archive (not found on the server)", self.name) from None
+            raise NotFoundError("no such archive (not found on the server)", self.name) from None
         except _NoRanges as e:
             raise RemoteError(str(e), self.name) from None
         except Exception as e:  # the backends' own errors (aiohttp, botocore, huggingface_hub): one line
