@@ -2,7 +2,13 @@
 read back through oras' own manifest API, pull byte-identical, and unpack straight from the registry."""
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import http.server
+import json
 import os
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -124,6 +130,115 @@ def test_other_artifacts_are_refused(host, tmp_path, monkeypatch, capsys):
                                                               quiet=True)
     assert main(["pull", f"oci://{host}/other/thing:v1"]) == 2
     assert "not a tritonpack artifact" in capsys.readouterr().err
+
+
+def test_push_and_pull_report_the_same_manifest_digest_and_either_pulls(host, archive, tmp_path, capsys):
+    """``digest`` is the manifest's in both results (what ``@DIGEST`` pulls); ``archive_digest`` the file's."""
+    tagged = f"oci://{host}/triton/digests:v1"
+    pushed = tritonpack.push(archive, tagged)
+    archive_digest = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert pushed.archive_digest == archive_digest and pushed.digest != archive_digest
+    assert main(["pull", tagged, "-o", str(tmp_path / "tag.tpack"), "--json"]) == 0
+    by_tag = json.loads(capsys.readouterr().out)
+    assert (by_tag["digest"], by_tag["archive_digest"]) == (pushed.digest, archive_digest)
+    for name, digest in (("pull", by_tag["digest"]), ("push", pushed.digest)):
+        pinned = f"oci://{host}/triton/digests@{digest}"
+        out = tmp_path / f"{name}.tpack"
+        assert main(["pull", pinned, "-o", str(out)]) == 0
+        assert capsys.readouterr().out.rstrip().endswith(f": {digest}")
+        assert out.read_bytes() == archive.read_bytes()
+    assert tritonpack.pull(f"oci://{host}/triton/digests@{pushed.digest}", tmp_path / "api.tpack").digest == \
+        pushed.digest
+    layer = f"oci://{host}/triton/digests@{archive_digest}"  # not a manifest's digest: refused in one line
+    assert main(["pull", layer, "-o", str(tmp_path / "layer.tpack")]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {layer}: ") and err.count("\n") == 1
+    assert not (tmp_path / "layer.tpack").exists()
+
+
+@contextlib.contextmanager
+def http_registry(answer: Callable[[str, str, int], tuple[int, bytes]]) -> Iterator[tuple[str, list[str]]]:
+    """A stand-in registry on 127.0.0.1 that answers ``answer(method, path, times_seen)``; yields its address and
+    the requests it got (``METHOD PATH``)."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def handle_one(self) -> None:
+            request = f"{self.command} {self.path}"
+            seen.append(request)
+            status, body = answer(self.command, self.path, seen.count(request))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = handle_one
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+UNKNOWN = json.dumps({"errors": [{"code": "UNKNOWN", "message": "unknown error"}]}).encode()
+
+
+def broken(method: str, path: str, times: int) -> tuple[int, bytes]:
+    return 500, UNKNOWN
+
+
+def broken_but_v2(method: str, path: str, times: int) -> tuple[int, bytes]:
+    return (200, b"{}") if path == "/v2/" else (500, UNKNOWN)
+
+
+@pytest.mark.parametrize("answer", [broken, broken_but_v2])
+@pytest.mark.parametrize("command", [["pull", "-q"], ["pull"], ["list"], ["unpack", "--cache-dir"]])
+def test_a_registry_answering_500_gets_one_error_line_and_one_retry(answer, command, tmp_path, capfd):
+    """Not oras' five retries, 2+3^n s apart (over two minutes), nor its log lines on standard error."""
+    with http_registry(answer) as (address, seen):
+        reference = f"oci://{address}/triton/kernels@sha256:{'1' * 64}"
+        argv = [command[0], reference, *command[1:]]
+        argv += [str(tmp_path / "cache")] if command[0] == "unpack" else []
+        argv += ["-o", str(tmp_path / "z.tpack")] if command[0] == "pull" else []
+        assert main(argv) == 7
+    out, err = capfd.readouterr()
+    what = "reading the manifest" if answer is broken_but_v2 else "GET /v2/"
+    assert (out, err) == ("", f"error: {reference}: {what}: HTTP 500 Internal Server Error (unknown error)\n")
+    assert max(seen.count(request) for request in seen) == 2, seen  # one quick retry
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_transient_5xx_is_retried_once(tmp_path, capfd):
+    def flaky(method: str, path: str, times: int) -> tuple[int, bytes]:
+        if times == 1:
+            return 503, b"{}"
+        unknown = json.dumps({"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}]}).encode()
+        return (200, b"{}") if path == "/v2/" else (404, unknown)
+
+    with http_registry(flaky) as (address, seen):
+        reference = f"oci://{address}/triton/kernels:v1"
+        assert main(["pull", reference, "-o", str(tmp_path / "z.tpack")]) == 2
+    assert capfd.readouterr() == ("", f"error: {reference}: no such artifact in the registry\n")
+    assert seen == ["GET /v2/"] * 2 + ["GET /v2/triton/kernels/manifests/v1"] * 2
+
+
+def test_a_write_answered_500_is_not_retried(archive, capfd):
+    with http_registry(broken_but_v2) as (address, seen):
+        reference = f"oci://{address}/triton/kernels:v1"
+        assert main(["push", str(archive), reference, "-q"]) == 7
+    out, err = capfd.readouterr()
+    assert out == "" and err.startswith(f"error: {reference}: ") and err.count("\n") == 1, err
+    assert [r for r in seen if not r.startswith(("GET ", "HEAD "))] == ["POST /v2/triton/kernels/blobs/uploads/"]
 
 
 DIGEST = "sha256:" + "0" * 64

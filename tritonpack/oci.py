@@ -9,13 +9,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import ipaddress
+import json
+import logging
 import os
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from .archive.reader import ArchiveReader
 from .archive.source import LocalFile
@@ -25,6 +28,9 @@ from .model import GROUP, ArchiveInfo, Entry
 from .remote import scheme_of
 from .report import human_bytes
 
+if TYPE_CHECKING:
+    import requests
+
 ARTIFACT_TYPE = "application/vnd.tritonpack.archive.v1"
 LAYER_MEDIA_TYPE = "application/vnd.tritonpack.archive.layer.v1.tpack"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -33,6 +39,8 @@ EMPTY_CONFIG = {"mediaType": "application/vnd.oci.empty.v1+json",
 TITLE = "org.opencontainers.image.title"
 PREFIX = "io.tritonpack."
 DEFAULT_NAME = "kernels.tpack"
+TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
+RETRY_PAUSE_S = 0.5
 
 # distribution's reference grammar: lowercase path components, tag, digest
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
@@ -118,7 +126,8 @@ def annotations(info: ArchiveInfo, entries: tuple[Entry, ...], digest: str) -> d
 class PushResult:
     archive: str
     reference: str
-    digest: str  # the manifest's, as the registry computed it
+    digest: str  # the manifest's: what oci://REGISTRY/REPOSITORY@DIGEST pulls
+    archive_digest: str  # the layer's: the archive file's sha256
     size: int
     annotations: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -138,13 +147,15 @@ class PushResult:
 class PullResult:
     reference: str
     output: str
-    digest: str  # the layer's: the archive file's sha256
+    digest: str  # the manifest's, as push reports it: what oci://REGISTRY/REPOSITORY@DIGEST pulls
+    archive_digest: str  # the layer's: the archive file's sha256
     size: int
     annotations: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     def summary(self) -> str:
-        return f"pulled {self.reference} ({human_bytes(self.size)}) in {self.seconds:.2f} s -> {self.output}"
+        return (f"pulled {self.reference} ({human_bytes(self.size)}) in {self.seconds:.2f} s -> {self.output}: "
+                f"{self.digest}")
 
     def notes(self) -> list[str]:
         return []
@@ -154,12 +165,41 @@ class PullResult:
 
 
 def _client(ref: Reference, plain_http: bool | None):
-    """An oras client; plain HTTP when asked, and by default for loopback registries only (as docker does)."""
+    """An oras client; plain HTTP when asked, and by default for loopback registries only (as docker does).
+
+    Its requests go out without oras' ``@retry`` (five tries, 2+3^n s apart: over two minutes before a registry
+    that answers 500 gets its error line) and with ``_once_more_if_transient`` instead; its log records get a
+    ``NullHandler``, so that they never reach standard error through logging's last-resort handler (our one error
+    line already carries the registry's messages)."""
     try:
         import oras.client
+        import oras.logger
     except ImportError:
         raise UsageError("OCI registries need the oras package: pip install 'tritonpack[oci]'", str(ref)) from None
-    return oras.client.OrasClient(hostname=ref.registry, insecure=ref.loopback if plain_http is None else plain_http)
+    oras_logging = oras.logger.logger.logger
+    if not any(isinstance(h, logging.NullHandler) for h in oras_logging.handlers):
+        oras_logging.addHandler(logging.NullHandler())
+    client = oras.client.OrasClient(hostname=ref.registry,
+                                    insecure=ref.loopback if plain_http is None else plain_http)
+    retried = type(client).do_request
+    request_once = getattr(retried, "__wrapped__", retried)
+
+    def do_request(url: str, method: str = "GET", **kwargs) -> requests.Response:
+        return _once_more_if_transient(lambda: request_once(client, url, method, **kwargs), method)
+
+    client.do_request = do_request  # every oras call (blobs, uploads) goes through it
+    return client
+
+
+def _once_more_if_transient(send: Callable[[], requests.Response], method: str) -> requests.Response:
+    """A read answered with a 5xx is sent once more, half a second later (a registry or its proxy restarting while
+    pods start); a write, or a second 5xx, is answered at once, for the caller's one error line."""
+    response = send()
+    if method in ("GET", "HEAD") and response.status_code in TRANSIENT_STATUSES:
+        response.close()
+        time.sleep(RETRY_PAUSE_S)
+        response = send()
+    return response
 
 
 @contextlib.contextmanager
@@ -191,18 +231,26 @@ def _status(response, ref: Reference, what: str) -> None:
     if response.status_code in (200, 201, 202):
         return
     try:
-        errors = "; ".join(e.get("message", "") for e in response.json().get("errors", []))
-    except ValueError:
+        errors = "; ".join(str(e.get("message", "")) for e in response.json().get("errors", []))
+    except (ValueError, AttributeError, TypeError):  # not JSON, or not distribution's {"errors": [{...}]}
         errors = ""
     raise RemoteError(f"{what}: HTTP {response.status_code} {response.reason}" + (f" ({errors})" if errors else ""),
                       str(ref))
 
 
 def _ping(client, ref: Reference) -> None:
-    """``GET /v2/`` once, without oras' retries, so that an unreachable registry fails at once."""
-    response = client.session.get(f"{client.prefix}://{ref.registry}/v2/", timeout=30)
+    """``GET /v2/`` (straight through the session: a 401 is an answer here, not a request to log in), so that an
+    unreachable registry fails at once."""
+    response = _once_more_if_transient(
+        lambda: client.session.get(f"{client.prefix}://{ref.registry}/v2/", timeout=30), "GET")
+    if response.status_code >= 500:
+        _status(response, ref, "GET /v2/")
     if response.status_code not in (200, 401):
         raise RemoteError(f"not an OCI registry (GET /v2/ answered HTTP {response.status_code})", str(ref))
+
+
+def _manifest_digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 def _sha256_file(path: str) -> tuple[str, int]:
@@ -239,9 +287,11 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
         with open(config, "wb") as f:
             f.write(b"{}")
         _status(client.upload_blob(config, container, EMPTY_CONFIG), ref, "uploading the empty config")
-        response = client.upload_manifest(manifest, container)
+        body = json.dumps(manifest).encode()  # sent as these bytes, so that their sha256 is the manifest's digest
+        response = client.do_request(f"{client.prefix}://{container.manifest_url()}", "PUT", data=body,
+                                     headers={"Content-Type": MANIFEST_MEDIA_TYPE})
         _status(response, ref, "uploading the manifest")
-    return PushResult(archive=path, reference=str(ref), digest=response.headers.get("Docker-Content-Digest", ""),
+    return PushResult(archive=path, reference=str(ref), digest=_manifest_digest(body), archive_digest=digest,
                       size=size, annotations=notes, seconds=time.perf_counter() - start)
 
 
@@ -250,10 +300,11 @@ def fetch_manifest(reference: str, *, plain_http: bool | None = None) -> dict:
     ref = parse_reference(reference)
     client = _client(ref, plain_http)
     with _remote(ref):
-        return _manifest(client, ref)
+        return _manifest(client, ref)[0]
 
 
-def _manifest(client, ref: Reference) -> dict:
+def _manifest(client, ref: Reference) -> tuple[dict, str]:
+    """The manifest and its digest; one asked for by digest is checked against it."""
     container = client.get_container(ref.target)
     client.auth.load_configs(container)
     _ping(client, ref)
@@ -262,7 +313,10 @@ def _manifest(client, ref: Reference) -> dict:
     if response.status_code == 404:
         raise UsageError("no such artifact in the registry", str(ref))
     _status(response, ref, "reading the manifest")
-    return response.json()
+    digest = _manifest_digest(response.content)
+    if ref.digest and digest != ref.digest:
+        raise RemoteError(f"the registry's manifest has digest {digest}, not the one asked for", str(ref))
+    return response.json(), digest
 
 
 def _archive_layer(manifest: dict, ref: Reference) -> dict:
@@ -304,12 +358,13 @@ def pull(reference: str, output: str | os.PathLike | None = None, *, plain_http:
     ref = parse_reference(reference)
     client = _client(ref, plain_http)
     with _remote(ref):
-        manifest = _manifest(client, ref)
+        manifest, digest = _manifest(client, ref)
         layer = _archive_layer(manifest, ref)
         path = os.fspath(output) if output is not None else _default_output(layer)
         _download(client, ref, layer, path)
-    return PullResult(reference=str(ref), output=path, digest=layer["digest"], size=layer["size"],
-                      annotations=manifest.get("annotations") or {}, seconds=time.perf_counter() - start)
+    return PullResult(reference=str(ref), output=path, digest=digest, archive_digest=layer["digest"],
+                      size=layer["size"], annotations=manifest.get("annotations") or {},
+                      seconds=time.perf_counter() - start)
 
 
 class _PulledFile(LocalFile):
