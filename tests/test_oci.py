@@ -218,6 +218,27 @@ def test_a_registry_answering_500_gets_one_error_line_and_one_retry(answer, comm
     assert sorted(os.listdir(tmp_path)) == []
 
 
+def test_a_registry_that_never_answers_times_out_in_one_line(tmp_path, monkeypatch, capfd):
+    """oras sets no timeout: a registry that took the connection and never answered hung a pod's start."""
+    import time
+
+    from tritonpack import oci
+
+    monkeypatch.setattr(oci, "REQUEST_TIMEOUT", (5, 0.3))
+
+    def silent(method: str, path: str, times: int) -> tuple[int, bytes]:
+        if path != "/v2/":
+            time.sleep(1.5)
+        return 200, b"{}"
+
+    with http_registry(silent) as (address, seen):
+        reference = f"oci://{address}/triton/kernels:v1"
+        assert main(["pull", reference, "-o", str(tmp_path / "z.tpack")]) == 7
+    out, err = capfd.readouterr()
+    assert out == "" and err.startswith(f"error: {reference}: ") and "timed out" in err and err.count("\n") == 1
+    assert seen == ["GET /v2/", "GET /v2/triton/kernels/manifests/v1"] and os.listdir(tmp_path) == []
+
+
 def test_a_transient_5xx_is_retried_once(tmp_path, capfd):
     def flaky(method: str, path: str, times: int) -> tuple[int, bytes]:
         if times == 1:

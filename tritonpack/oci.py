@@ -41,6 +41,7 @@ PREFIX = "io.tritonpack."
 DEFAULT_NAME = "kernels.tpack"
 TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 RETRY_PAUSE_S = 0.5
+REQUEST_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer
 
 # distribution's reference grammar: lowercase path components, tag, digest
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
@@ -188,7 +189,22 @@ def _client(ref: Reference, plain_http: bool | None):
         return _once_more_if_transient(lambda: request_once(client, url, method, **kwargs), method)
 
     client.do_request = do_request  # every oras call (blobs, uploads) goes through it
+    for scheme in ("http://", "https://"):
+        client.session.mount(scheme, _adapter_with_timeout())
     return client
+
+
+def _adapter_with_timeout():
+    """requests' adapter, with a timeout where none is given (oras gives none): a registry that takes the
+    connection and never answers must not hang a pod's start. The read timeout is per read of the socket, so a
+    large archive downloading slowly is not cut short."""
+    from requests.adapters import HTTPAdapter
+
+    class TimedAdapter(HTTPAdapter):
+        def send(self, request, timeout=None, **kwargs):
+            return super().send(request, timeout=REQUEST_TIMEOUT if timeout is None else timeout, **kwargs)
+
+    return TimedAdapter()
 
 
 def _once_more_if_transient(send: Callable[[], requests.Response], method: str) -> requests.Response:
