@@ -156,6 +156,37 @@ def test_backends_that_fail_as_they_are_made_are_one_line(big, capsys):
         assert capsys.readouterr().err == f"error: {url}: {message}\n"
 
 
+def test_a_server_that_never_answers_times_out_in_one_line(monkeypatch, capsys):
+    """A server that takes the connection and sends nothing: aiohttp's default would wait five minutes."""
+    import http.server
+    import threading
+    import time
+
+    from tritonpack import remote
+
+    monkeypatch.setattr(remote, "HTTP_TIMEOUT", (5, 0.3))
+
+    class Silent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(1.5)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/k.tpack"
+    try:
+        assert main(["list", url]) == 7
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    err = capsys.readouterr().err
+    assert err == f"error: {url}: timed out\n", err
+
+
 def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
     assert main(["list", "nosuchscheme://x/k.tpack"]) == 2
     assert "unknown URL scheme nosuchscheme://" in capsys.readouterr().err
