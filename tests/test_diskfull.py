@@ -52,3 +52,26 @@ def test_unpack_onto_a_full_filesystem(tmp_path, compiled_root):
             assert by_size[(size, True)] == 4
     real_enospc = [r for r in failed if "No space left on device" in r["stderr"]]
     assert len(real_enospc) >= 3, "the writes themselves met ENOSPC (bytes and inodes)"
+
+
+@pytest.mark.parametrize("block_size", [None, 4096], ids=["one-block", "workers"])
+def test_concurrent_unpacks_need_room_for_one_copy(tmp_path, compiled_root, block_size):
+    """Every rank of a job unpacks the same archive into one root, on a disk that holds one copy but not two: each
+    finds what the others wrote, none fails for want of space (each once staged everything at once). Small
+    blocks make the commands fork their workers, which a retry after a full disk does without."""
+    from tritonpack import cacheroot
+    from tritonpack.archive.writer import write_archive
+
+    prefix = _unshare()
+    archive = tmp_path / "k.tpack"
+    sizes = {} if block_size is None else {"block_size": block_size}
+    write_archive(str(archive), cacheroot.scan_cache(str(compiled_root)).entries,
+                  tritonpack.ArchiveInfo("test", (1, 0), None, None, None), **sizes)
+    proc = subprocess.run([*prefix, sys.executable, os.path.join(HERE, "concurrent_full_child.py"), str(archive),
+                           str(tmp_path / "work"), "4", "3"], capture_output=True, text=True, timeout=300)
+    if proc.returncode == 77 or (proc.returncode != 0 and "unshare" in proc.stderr):
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr
+    for result in json.loads(proc.stdout)["trials"]:
+        assert result["exits"] == [0, 0, 0] and not any(result["stderr"]), result
+        assert not result["problems"] and not result["missing"] and not result["temp_files"], result

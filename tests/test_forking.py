@@ -1,6 +1,7 @@
 """Forked processes for the command: pack's scan of a large root, and the map that runs it."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -127,9 +128,19 @@ def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_ro
     assert (tmp_path / "threaded.tpack").read_bytes() == (tmp_path / "api.tpack").read_bytes()
 
 
-def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root, counted_forks, monkeypatch):
-    """A process that ignores SIGCHLD (inherited through exec) cannot read its children's exit status: the
-    command's unpack stages in threads and its pack scans in one process, and both still work."""
+def _reap_every_child(signum, frame) -> None:
+    """A host program's SIGCHLD handler that reaps whatever child ended, tritonpack's too."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+@pytest.mark.parametrize("handler", [signal.SIG_IGN, _reap_every_child], ids=["ignored", "reaping-handler"])
+def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root, counted_forks, monkeypatch,
+                                                        handler):
+    """A process that ignores SIGCHLD (inherited through exec) cannot read its children's exit status, nor can one
+    whose handler reaps them first (a host program's): the command's unpack stages in threads and its pack scans in
+    one process, and both still work, as does the API's unpack that asks for workers."""
     from tritonpack import workers
     from tritonpack.archive.writer import write_archive
     from tritonpack.commands import pack_output, unpack_output
@@ -140,11 +151,12 @@ def test_no_fork_where_children_could_not_be_waited_for(tmp_path, compiled_root,
     small = tmp_path / "small-blocks.tpack"  # several blocks: an unpack that would fork its workers
     write_archive(str(small), cacheroot.scan_cache(str(compiled_root)).entries,
                   tritonpack.ArchiveInfo("test", (1, 0), None, None, None), block_size=4096)
-    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGCHLD, handler)
     try:
         assert not forking.fork_safe()
         pack_output(str(compiled_root), str(tmp_path / "k.tpack"), quiet=True)
         unpack_output(str(small), str(tmp_path / "root"), force=True, quiet=True)
+        assert tritonpack.unpack(small, tmp_path / "api", force=True, processes=True).written
     finally:
         signal.signal(signal.SIGCHLD, previous)
     assert not counted_forks

@@ -342,7 +342,7 @@ def unpack(
             raise CacheError(f"cannot read: {e.strerror}", e.filename or root) from e
         total = sum(p.size for p in placements)
         written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
-                              workers=launcher.workers if launcher else None)
+                              workers=launcher.workers if launcher else None, overwrite=overwrite)
         # As done: an entry completed meanwhile by another writer is not rewritten
         return unpack_result(os.fspath(archive), root, written.placements, report, force, written.files,
                              written.bytes, time.perf_counter() - start, reader.index.unknown_entries,

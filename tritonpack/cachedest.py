@@ -269,15 +269,17 @@ def materialize(
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
     workers=None,
+    overwrite: bool = False,
 ) -> Written:
     """Write the planned files, then the manifests, staged so that a failure changes nothing visible (see
-    ``staging``), with forked ``workers`` if given (``workers.Launcher``). Raises ``CacheError`` on any filesystem
-    failure, ``ArchiveError`` on a bad block."""
+    ``staging``), with forked ``workers`` if given (``workers.Launcher``); ``overwrite``: as the plan was made
+    (the root is compared again if space runs short). Raises ``CacheError`` on any filesystem failure,
+    ``ArchiveError`` on a bad block."""
     from .staging import write_staged
 
     root = os.path.abspath(root)
     try:
-        return write_staged(reader, root, placements, on_file, workers)
+        return write_staged(reader, root, placements, on_file, workers, overwrite)
     except OSError as e:
         raise CacheError(f"cannot write: {e.strerror}", _where(e.filename, root)) from e
 

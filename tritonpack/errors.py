@@ -47,6 +47,10 @@ class CacheError(TpackError):
     """A cache root cannot be read or written (missing, not a directory, permissions, disk full)."""
 
 
+class SpaceError(CacheError):
+    """The target filesystem lacks the free space or inodes an unpack will use (its precheck)."""
+
+
 class RemoteError(TpackError):
     """A server holding an archive or a cache (HTTP, S3, OCI registry, Redis) could not be reached or did not
     answer as tritonpack needs (e.g. no byte-range support)."""

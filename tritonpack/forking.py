@@ -22,11 +22,12 @@ Result = TypeVar("Result")
 
 
 def fork_safe() -> bool:
-    """Linux, no other Python thread, and SIGCHLD not ignored: a process that ignores it (inherited through exec
-    from whoever started it) has its children reaped by the kernel, and could not tell a child that finished
-    from one that was killed."""
+    """Linux, no other Python thread, and SIGCHLD left to its default: a process that ignores it (inherited
+    through exec from whoever started it) has its children reaped by the kernel, and a host program's handler
+    may reap them itself (``waitpid(-1)``); either way this process could not wait for its children, nor tell one
+    that finished from one that was killed. A handler Python does not know of (None) is taken as one."""
     return (sys.platform.startswith("linux") and threading.active_count() == 1
-            and signal.getsignal(signal.SIGCHLD) != signal.SIG_IGN)
+            and signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)
 
 
 def cores() -> int:

@@ -20,6 +20,12 @@ report each temp file they make: commit and clean-up stay here.
 
 Commit needs no free space (renames only), so a full disk is met in phase 1. Before phase 1, the free space and
 inodes of the target filesystem are checked against what the plan will write.
+
+Concurrent unpacks of one archive into one root (every rank of a job) each stage what they found missing, so for
+a moment they need that space as many times over. Each stages and commits under a shared ``flock`` on the root
+directory; one that runs short of space (the precheck, or ``ENOSPC``/``EDQUOT`` while staging) cleans up, takes
+the lock exclusively, which waits for the others to commit or clean up, compares the archive with the root again
+and stages once more only what is still missing, then alone: a disk that holds one copy is enough.
 """
 from __future__ import annotations
 
@@ -47,10 +53,15 @@ from .cachedest import (
     place,
     write_fd,
 )
-from .errors import CacheError
+from .errors import SpaceError
 from .model import GROUP, Entry, manifest_name
 from .report import human_bytes
 from .tempfiles import NAMES_A_RUN, PREFIX, RunLock, clean_stale, remove_stage_dir, run_name
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock on the root
+    fcntl = None
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -149,10 +160,10 @@ def check_space(root: str, placements: Sequence[Placement], manifests: Sequence[
     keys = {p.entry.key for p in placements}
     available = st.f_bavail * unit
     if need > available:
-        raise CacheError(f"not enough free space: unpacking needs {human_bytes(need)}, "
+        raise SpaceError(f"not enough free space: unpacking needs {human_bytes(need)}, "
                          f"{human_bytes(available)} available", root)
     if st.f_files and files + len(keys) + 2 > st.f_favail:
-        raise CacheError(f"not enough free inodes: unpacking creates {files + len(keys)} files and directories, "
+        raise SpaceError(f"not enough free inodes: unpacking creates {files + len(keys)} files and directories, "
                          f"{st.f_favail} available", root)
 
 
@@ -534,36 +545,87 @@ def _stage_in_threads(w: StageWriter, reader, manifest_jobs: Sequence[_Manifest]
         settle(0)
 
 
+ACTIVE = (WRITE, REPLACE, RELINK)  # the actions that write
+
+
+def _short_of_space(error: BaseException) -> bool:
+    """Whether an unpack failed for want of space or inodes: its precheck, or a write."""
+    return isinstance(error, SpaceError) or \
+        (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+def _lock_root(root: str, exclusive: bool) -> int | None:
+    """A ``flock`` on the root directory itself (no file of its own: nothing for Triton, pack or verify to meet),
+    shared, or exclusive (see the module's docstring); its descriptor, None where the filesystem has none. Taken
+    once this run's lock file is in the root: no other run can then remove the directory (only empty ones are)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    except OSError:  # no flock here: unpacks run side by side, as before
+        os.close(fd)
+        return None
+    return fd
+
+
 def write_staged(
     reader,
     root: str,
     placements: Sequence[Placement],
     on_file: Callable[[int], None] | None = None,
     workers: StagingWorkers | None = None,
+    overwrite: bool = False,
 ) -> Written:
     """Stage everything the placements need, then commit entry by entry. ``OSError`` propagates (the caller maps
     it to ``CacheError``); whatever fails, no temp file of this run is left behind. ``workers``: forked worker
-    processes (a ``workers.Launcher``'s) to stage with, instead of this process's threads."""
-    fresh = holds_nothing(root)  # then nothing to clean up, and no key directory there yet
+    processes (a ``workers.Launcher``'s) to stage with, instead of this process's threads. Short of space, it
+    compares the archive with the root again, alone, and stages what is still missing (the module's docstring):
+    ``overwrite`` is asked again of the entries found changed."""
+    try:
+        return _write_staged(reader, root, placements, on_file, workers)
+    except (OSError, SpaceError) as e:
+        if not _short_of_space(e):
+            raise
+    # The workers are gone (a failed stage ends them): this process's threads stage what is left
+    return _write_staged(reader, root, placements, on_file, None, overwrite)
+
+
+def _write_staged(reader, root: str, placements: Sequence[Placement], on_file: Callable[[int], None] | None,
+                  workers: StagingWorkers | None, again: bool | None = None) -> Written:
+    """``write_staged``, once: under a shared lock on the root, or, ``again`` (the ``overwrite`` asked) not None,
+    under an exclusive one, the placements that write decided again first."""
+    fresh = again is None and holds_nothing(root)  # then nothing to clean up, and no key directory there yet
     if not fresh:
         clean_stale(root, sorted({p.entry.key for p in placements}))
-    # Entry numbers in arrays (an int and a list slot an entry took 36 bytes)
-    active = array("I", (n for n, p in enumerate(placements) if p.action in (WRITE, REPLACE, RELINK)))
-    if not active:
+    if not any(p.action in ACTIVE for p in placements):
         return Written(0, 0, tuple(placements))
-    manifests = array("I", (n for n in active if placements[n].writes_manifest))
-    check_space(root, [placements[n] for n in active],
-                [manifest_size(root, placements[n].entry, placements[n].manifest_names) for n in manifests])
     w = StageWriter(root)
+    held = None
     try:
+        w.ensure_dir(root)  # recorded if this run makes it: removed again if the run fails
+        w.lock.acquire()
+        held = _lock_root(root, exclusive=again is not None)
+        if again is not None:
+            placements = [place(root, p.entry, p.blobs, again) if p.action in ACTIVE else p for p in placements]
+        # Entry numbers in arrays (an int and a list slot an entry took 36 bytes)
+        active = array("I", (n for n, p in enumerate(placements) if p.action in ACTIVE))
+        if not active:
+            w.abandon()
+            return Written(0, 0, tuple(placements))
+        manifests = array("I", (n for n in active if placements[n].writes_manifest))
+        check_space(root, [placements[n] for n in active],
+                    [manifest_size(root, placements[n].entry, placements[n].manifest_names) for n in manifests])
+
         # The entries of a key side by side (an index in a writer's order has them so): its directory is staged and
         # committed as one. A dict of a list a key took 0.13 KB an entry.
         def key_of(n: int) -> str:
             return placements[n].entry.key
 
         active = array("I", sorted(active, key=key_of))
-        w.ensure_dir(root)  # recorded if this run makes it: removed again if the run fails
-        w.lock.acquire()
         numbers = array("i", [NOT_STAGED]) * len(placements)  # by placement: where it writes (``Destinations``)
         for key, of_key in groupby(active, key_of):
             key_dir = os.path.join(root, key)
@@ -616,6 +678,8 @@ def write_staged(
         raise
     finally:
         w.release()
+        if held is not None:
+            os.close(held)  # releases the root's lock
 
 
 __all__ = ["write_staged", "check_space"]
