@@ -179,7 +179,13 @@ def http_registry(answer: Callable[[str, str, int], tuple[int, bytes]]) -> Itera
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = False  # closing waits for every answer: none is left to fail in a later test's output
+
+        def handle_error(self, request, client_address) -> None:
+            pass  # a client that gave up (a timeout) before its answer was written
+
+    server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -173,7 +173,10 @@ def test_a_server_that_never_answers_times_out_in_one_line(monkeypatch, capsys):
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = False  # closing waits for the silent answer: nothing of it reaches a later test
+
+    server = Server(("127.0.0.1", 0), Silent)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/k.tpack"
