@@ -209,20 +209,17 @@ def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement],
 def kept_lines(conflicts: list[str], linked: list[str], key_not_directory: list[str],
                file_is_directory: list[str]) -> list[str]:
     """One line per reason an unpack kept what the root holds, with a few of the entries."""
-    lines = []
-    if conflicts:
-        lines.append(f"kept {plural(len(conflicts), 'existing entry', 'existing entries')} whose content differs "
-                     f"from the archive (--overwrite replaces them): {shown(conflicts)}")
-    if linked:
-        lines.append(f"kept {entries(len(linked))} whose key directory is a symbolic link (never written through, "
-                     f"not even with --overwrite; remove the link to unpack them): {shown(linked)}")
-    if key_not_directory:
-        lines.append(f"kept {entries(len(key_not_directory))} whose key directory is taken by a file, or anything "
-                     f"else but a directory (--overwrite replaces it): {shown(key_not_directory)}")
-    if file_is_directory:
-        lines.append(f"kept {entries(len(file_is_directory))} with a directory where one of its files goes (never "
-                     f"removed, not even with --overwrite): {shown(file_is_directory)}")
-    return lines
+    reasons = (
+        (conflicts, "existing {} whose content differs from the archive (--overwrite replaces them)"),
+        (linked, "{} whose key directory is a symbolic link (never written through, not even with --overwrite; "
+                 "remove the link to unpack them)"),
+        (key_not_directory, "{} whose key directory is taken by a file, or anything else but a directory "
+                            "(--overwrite replaces it)"),
+        (file_is_directory, "{} with a directory where one of its files goes (never removed, not even with "
+                            "--overwrite)"),
+    )
+    return [f"kept {len(kept)} {why.format('entry' if len(kept) == 1 else 'entries')}: {shown(kept)}"
+            for kept, why in reasons if kept]
 
 
 def entries(n: int) -> str:
