@@ -5,6 +5,8 @@ import itertools
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -237,6 +239,35 @@ def test_default_root_is_tritons(tmp_path, archive, monkeypatch):
     result = tritonpack.unpack(archive)
     assert result.cache_dir == str(tmp_path / "home" / ".triton" / "cache")
     assert list((tmp_path / "home" / ".triton" / "cache").glob("*/__grp__*.json"))
+
+
+@pytest.mark.parametrize("environ", [{"TRITON_HOME": ""}, {"TRITON_HOME": "rel"}, {"TRITON_HOME": "~/t"},
+                                     {"TRITON_CACHE_DIR": " /tmp/x "}, {"TRITON_CACHE_DIR": "rel/c"}, {}],
+                         ids=["empty-home", "relative-home", "tilde-home", "spaced-dir", "relative-dir", "none"])
+def test_the_default_root_is_the_one_triton_resolves(environ, tmp_path):
+    """Compared with the installed Triton's own ``knobs.cache.dir`` (3.4+), in a process of that environment: an
+    empty ``TRITON_HOME`` is ``.triton/cache`` under the current directory, and values are taken as they are."""
+    from tritonpack.triton_env import default_cache_dir
+
+    ours = default_cache_dir(environ)
+    from kernels import TRITON_VERSION
+
+    if TRITON_VERSION < (3, 4):
+        pytest.skip("Triton before 3.4 has no knobs to ask")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_HOME", "TRITON_CACHE_DIR")}
+    theirs = subprocess.run([sys.executable, "-c", "import triton; print(triton.knobs.cache.dir, end='')"],
+                            env={**env, **environ}, capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert ours == theirs
+
+
+def test_an_empty_cache_dir_variable_is_refused(monkeypatch, tmp_path, capsys):
+    """Triton 3.4+ cannot compile with it; a pack or unpack by it would go where no Triton looks."""
+    from tritonpack.cli import main
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify"]) == 2
+    assert "TRITON_CACHE_DIR is set but empty" in capsys.readouterr().err and os.listdir(tmp_path) == []
 
 
 def test_files_get_normal_modes(tmp_path, archive):

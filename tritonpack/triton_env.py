@@ -14,17 +14,22 @@ from .model import PythonInfo, TritonInfo
 
 
 def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
-    """Triton's own resolution (3.2-3.9): ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~``.
+    """Triton's own resolution: ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~``'s.
 
     Implemented from the environment rather than by importing Triton, so it costs nothing and works without
-    Triton; it is the same rule as ``triton.knobs.cache.dir``.
+    Triton; it is the rule of ``triton.knobs.cache.dir`` (3.4+, and of 3.2-3.3's cache manager): the variables'
+    values as they are, an empty ``TRITON_HOME`` included (then ``.triton/cache`` under the current directory).
+    An empty ``TRITON_CACHE_DIR`` is refused: Triton 3.4+ cannot compile with it (3.3 and older ignored it).
     """
     env = os.environ if environ is None else environ
-    explicit = env.get("TRITON_CACHE_DIR", "").strip()
-    if explicit:
+    explicit = env.get("TRITON_CACHE_DIR")
+    if explicit is not None:
+        if not explicit.strip():
+            raise UsageError("TRITON_CACHE_DIR is set but empty, which Triton 3.4+ cannot use: unset it, or name the "
+                             "cache root")
         return explicit
-    home = env.get("TRITON_HOME") or os.path.expanduser("~")
-    return os.path.join(home, ".triton", "cache")
+    home = env.get("TRITON_HOME")
+    return os.path.join(os.path.expanduser("~") if home is None else home, ".triton", "cache")
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> str:
