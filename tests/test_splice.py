@@ -114,7 +114,7 @@ def test_gaps_encode_in_the_narrowest_width():
 def test_real_cubins_are_spliced_and_unpack_as_cache_hits(tmp_path, compiled_root):
     """Every cubin Triton compiled here (cuda:80 and cuda:90, this version's ptxas) derives from its .ptx; the
     archive stores none of their PTX text, and the unpacked cache is a hit for every kernel."""
-    assert tritonpack.pack(compiled_root, tmp_path / "plain.tpack").cubins == 0  # only when asked
+    assert tritonpack.pack(compiled_root, tmp_path / "plain.tpack").cubins is None  # counted only when asked
     result = tritonpack.pack(compiled_root, tmp_path / "k.tpack", splice_ptx=True)
     cubins = sum(1 for _ in compiled_root.glob("*/*.cubin"))
     assert result.cubins == result.spliced == cubins > 0
@@ -230,3 +230,18 @@ def test_workers_write_assembled_cubins_as_they_go(tmp_path, compiled_root, monk
     assert {k: v[2] for k, v in snapshot(tmp_path / "out").items() if "__grp__" not in k} == \
            {k: v[2] for k, v in snapshot(compiled_root).items() if "__grp__" not in k}
     assert not list((tmp_path / "out").rglob("tmp.*"))
+
+
+def test_splicing_with_no_cubin_beside_its_ptx_writes_a_1_0_archive_and_says_so(tmp_path, compiled_root):
+    """A binary-only pack (no .ptx) or a HIP cache asked to splice: nothing can be, so no 1.1 feature is used and
+    the archive says 1.0 (spec §9); without --splice-ptx the cubins are not counted (null), not 0."""
+    from tritonpack.selection import Selection
+
+    result = tritonpack.pack(compiled_root, tmp_path / "b.tpack", splice_ptx=True,
+                             selection=Selection(binary_only=True))
+    assert (result.cubins, result.spliced) == (0, 0)
+    assert "--splice-ptx: no cubin beside its group's .ptx, so nothing was spliced (a 1.0 archive)" in result.notes()
+    with tritonpack.open(tmp_path / "b.tpack") as reader:
+        assert reader.info.format_version == (1, 0)
+    plain = tritonpack.pack(compiled_root, tmp_path / "p.tpack")
+    assert (plain.to_dict()["cubins"], plain.to_dict()["spliced"]) == (None, None)

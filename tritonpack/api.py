@@ -186,8 +186,8 @@ def pack(
         not_selected=not_selected,
         foreign_manifests=foreign,
         triton_version=info.triton.version if info.triton else None,
-        cubins=written.cubins,
-        spliced=written.spliced,
+        cubins=written.cubins if splice_ptx else None,
+        spliced=written.spliced if splice_ptx else None,
         triton_note=triton_note,
     )
 

@@ -60,8 +60,8 @@ class PackResult(NamedTuple):
     not_selected: int  # and then by the selection (targets, kernel names)
     foreign_manifests: int
     triton_version: str | None
-    cubins: int = 0  # cubins beside their group's .ptx
-    spliced: int = 0  # of those, stored without the PTX text they embed (spec §5.1)
+    cubins: int | None = None  # with --splice-ptx: cubins beside their group's .ptx (None: not counted)
+    spliced: int | None = None  # of those, stored without the PTX text they embed (spec §5.1)
     triton_note: str | None = None  # why the archive records less than the local Triton's fingerprint
 
     @property
@@ -85,7 +85,9 @@ class PackResult(NamedTuple):
             lines.append(foreign_manifests_line(self.foreign_manifests))
         if self.triton_note:
             lines.append(self.triton_note)
-        if self.spliced < self.cubins:
+        if self.cubins == 0:
+            lines.append("--splice-ptx: no cubin beside its group's .ptx, so nothing was spliced (a 1.0 archive)")
+        elif self.cubins is not None and self.spliced < self.cubins:
             lines.append(f"{self.cubins - self.spliced} of {self.cubins} cubins stored whole: their embedded PTX text "
                          "is not their .ptx line for line, their .ptx is stored in another block (the same as another "
                          "group's), or they embed none (compiled without -lineinfo)")

@@ -471,6 +471,8 @@ def _write(out, path, scratch, entries, info, level, block_size, threads, on_fil
     units = _layout_order(entries, block_size if splice_ptx else 0)
     partner = {(i, cubin): ptx for i, ptx, cubin in map(_unit_numbers, units)  # (entry, cubin) -> its .ptx
                if cubin != _NO_PAIR}
+    if splice_ptx and not partner:  # no cubin beside its .ptx (HIP, binary-only): no 1.1 feature can be used
+        info = info._replace(format_version=(1, 0))
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     blocks: list[Block] = []
