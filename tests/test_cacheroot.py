@@ -172,6 +172,12 @@ def test_verify_and_relocate_of_what_is_no_cache_root_are_errors(tmp_path, root,
                                           f"{above}/cache?\n"
     (tmp_path / "empty").mkdir()  # a fresh root holds nothing: nothing to say
     assert main(["verify", str(tmp_path / "empty"), "-q"]) == 0
+    inductor = tmp_path / "torchinductor_me"  # an Inductor root's parent: its Triton root is triton/0
+    (inductor / "triton").mkdir(parents=True)
+    shutil.move(str(above / "cache"), str(inductor / "triton" / "0"))
+    for where in (inductor, inductor / "triton"):
+        assert main(["pack", str(where), "-o", str(tmp_path / "k.tpack")]) == 4
+        assert f"is the cache root {inductor}/triton/0?" in capsys.readouterr().err
 
 
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
-from .errors import CacheError, IncompatibleError, TpackError, UsageError
+from .errors import CacheError, IncompatibleError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
 from .selection import EVERYTHING, Selection
@@ -127,7 +127,7 @@ def pack(
     the command does).
     """
     from .archive.writer import forked_helpers, write_archive
-    from .cacheroot import files_subset, scan_cache
+    from .cacheroot import files_subset, not_a_root, scan_cache
     from .fingerprint import local_triton
     from .report import PackResult, kind_counts
     from .triton_env import python_info
@@ -142,7 +142,7 @@ def pack(
         scan = scan_cache(root, processes=processes)
         found = len(scan.entries)
         if not found:
-            raise _nothing_found(root, scan.skipped)
+            raise not_a_root(root, scan.skipped)
         if since is not None:
             scan.keep(lambda e: e if _newest(e) >= since else None)
         not_since = found - len(scan.entries)
@@ -190,18 +190,6 @@ def pack(
         spliced=written.spliced if splice_ptx else None,
         triton_note=triton_note,
     )
-
-
-def _nothing_found(root: str, skipped) -> TpackError:
-    """Why a root gave no entry to pack: an empty archive would hide a wrong path or an unset variable."""
-    inner = os.path.join(root, "cache")
-    if os.path.isdir(inner):  # the directory above a cache root: ~/.triton rather than ~/.triton/cache
-        return CacheError(f"no Triton cache entry here; is the cache root {inner}?", root)
-    if skipped:
-        first = skipped[0]
-        return CacheError(f"no complete Triton cache entry to pack: skipped {len(skipped)} ({first.path}: "
-                          f"{first.reason}{', ...' if len(skipped) > 1 else ''})", root)
-    return CacheError("no Triton cache entry here (a Triton cache root holds one directory per cache key)", root)
 
 
 def _left_out(not_since: int, not_selected: int) -> str:

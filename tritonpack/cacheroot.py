@@ -497,6 +497,21 @@ def _scan_items(root: str, items: list[os.DirEntry], packed: bool) -> tuple[Sequ
     return scan.entries, scan.skipped
 
 
+def not_a_root(root: str, skipped: Sequence[Skipped] = ()) -> CacheError:
+    """The error for a directory that holds no Triton cache entry: naming the cache root it probably meant (the
+    directory above one, ``~/.triton``, Triton's home; an Inductor root's parents, ``/tmp/torchinductor_me``,
+    whose Triton root is ``triton/0``), else what was skipped there."""
+    for below in (("cache",), (".triton", "cache"), ("0",), ("triton", "0")):
+        meant = os.path.join(root, *below)
+        if os.path.isdir(meant):
+            return CacheError(f"no Triton cache entry here; is the cache root {meant}?", root)
+    if skipped:
+        first = skipped[0]
+        return CacheError(f"no complete Triton cache entry here: skipped {len(skipped)} ({first.path}: "
+                          f"{first.reason}{', ...' if len(skipped) > 1 else ''})", root)
+    return CacheError("no Triton cache entry here (a Triton cache root holds one directory per cache key)", root)
+
+
 def scan_keys(root: str, keys) -> CacheScan:
     """Only the named key directories of ``root`` (what a recorded run used), not the whole root."""
     scan = CacheScan(root=root)
@@ -513,4 +528,5 @@ def scan_keys(root: str, keys) -> CacheScan:
 
 
 __all__ = ["CacheScan", "LocalEntry", "LocalFile", "LocalFiles", "Skipped", "files_subset", "scan_cache", "scan_keys",
+           "not_a_root",
            "kernel_info", "manifest_name"]

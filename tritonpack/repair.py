@@ -8,8 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .cachedest import atomic_write, manifest_bytes
-from .cacheroot import LocalEntry, scan_cache
-from .errors import CacheError
+from .cacheroot import LocalEntry, not_a_root, scan_cache
 from .model import GROUP, manifest_name
 
 OK = "ok"
@@ -130,10 +129,7 @@ def _scanned(cache_dir: str):
     root = os.path.abspath(cache_dir)
     scan = scan_cache(root)
     if not scan.entries and scan.skipped and not any(_group_problem(s.reason) for s in scan.skipped):
-        inner = os.path.join(root, "cache")
-        hint = f"; is the cache root {inner}?" if os.path.isdir(inner) else " (a Triton cache root holds one " \
-            "directory per cache key)"
-        raise CacheError(f"no Triton cache entry here{hint}", root)
+        raise not_a_root(root, scan.skipped)
     return root, scan
 
 
