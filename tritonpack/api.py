@@ -193,11 +193,11 @@ def pack(
 
 
 def _left_out(not_since: int, not_selected: int) -> str:
-    from .report import plural
+    from .report import entries
 
-    parts = [f"{plural(not_since, 'entry', 'entries')} unchanged since --since"] if not_since else []
+    parts = [f"{entries(not_since)} unchanged since --since"] if not_since else []
     if not_selected:
-        parts.append(f"{plural(not_selected, 'entry', 'entries')} not selected by --arch or --kernel")
+        parts.append(f"{entries(not_selected)} not selected by --arch or --kernel")
     return ", ".join(parts)
 
 

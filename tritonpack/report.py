@@ -76,11 +76,7 @@ class PackResult(NamedTuple):
 
     def notes(self) -> list[str]:
         lines = skipped_lines(self.skipped)
-        if self.not_since:
-            lines.append(f"left out {plural(self.not_since, 'entry', 'entries')} with no file changed since --since")
-        if self.not_selected:
-            lines.append(f"left out {plural(self.not_selected, 'entry', 'entries')} that --arch or --kernel does "
-                         "not select")
+        lines += left_out_lines(self.not_selected, self.not_since)
         if self.foreign_manifests:
             lines.append(foreign_manifests_line(self.foreign_manifests))
         if self.triton_note:
@@ -144,8 +140,7 @@ class UnpackResult(NamedTuple):
 
     def notes(self) -> list[str]:
         lines = kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
-        if self.not_selected:
-            lines.append(f"left out {entries(self.not_selected)} that --arch or --kernel does not select")
+        lines += left_out_lines(self.not_selected)
         lines += [f"skipped {entries(n)} that will not be used here: {reason}" for reason, n in self.not_used]
         if self.forced:
             lines.append(f"--force: wrote {entries(self.forced)} that the preflight says will not be used here")
@@ -222,6 +217,14 @@ def kept_lines(conflicts: list[str], linked: list[str], key_not_directory: list[
     )
     return [f"kept {len(kept)} {why.format('entry' if len(kept) == 1 else 'entries')}: {shown(kept)}"
             for kept, why in reasons if kept]
+
+
+def left_out_lines(not_selected: int, not_since: int = 0) -> list[str]:
+    """What pack's ``--since`` and pack's or unpack's selection left out, said alike by both."""
+    lines = [f"left out {entries(not_since)} with no file changed since --since"] if not_since else []
+    if not_selected:
+        lines.append(f"left out {entries(not_selected)} that --arch or --kernel does not select")
+    return lines
 
 
 def entries(n: int) -> str:
