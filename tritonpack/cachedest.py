@@ -99,13 +99,19 @@ def manifest_size(root: str, entry: Entry, listed: Sequence[str] | None = None) 
 DIRECTORY = "directory"  # in ``_same_file``'s answers, beside True, False and None: a directory where a file goes
 
 
+def _directory_itself(path: str, mode: int) -> bool:
+    """Whether ``path``, whose followed mode is ``mode``, is a directory and not a link to one: no rename replaces
+    a directory, and a link to one is replaced like any link."""
+    return stat.S_ISDIR(mode) and stat.S_ISDIR(os.lstat(path).st_mode)
+
+
 def _same_file(path: str, size: int, sha256: bytes) -> bool | str | None:
     """True if identical, False if different, None if absent, ``DIRECTORY`` if a directory (not a link to one)
     stands there, which no rename replaces. Only a regular file is read: a FIFO would block the unpack."""
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            return DIRECTORY if stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(os.lstat(path).st_mode) else False
+            return DIRECTORY if _directory_itself(path, st.st_mode) else False
         if st.st_size != size:
             return False
         digest = hashlib.sha256()
@@ -131,7 +137,7 @@ def _read_manifest(path: str):
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # a link to a directory is replaced like any link
-            return DIRECTORY if stat.S_ISDIR(mode) and stat.S_ISDIR(os.lstat(path).st_mode) else {}
+            return DIRECTORY if _directory_itself(path, mode) else {}
         with open(fd, "rb", closefd=False) as f:
             return json.loads(f.read())
     except (OSError, ValueError):
