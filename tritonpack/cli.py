@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, prog_name="tritonpack", standalone_mode=False)
         if result == 130:  # typer (0.26) turns Ctrl-C within a command into this status, and says nothing
-            print_error("error: interrupted")
+            return interrupted(KeyboardInterrupt())
     except TpackError as e:
         print_error(f"error: {e}")
         return exit_code(e)
