@@ -20,7 +20,7 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, NamedTuple
 
 from .errors import CacheError, Terminated, UsageError
@@ -143,16 +143,27 @@ def _terminated_as_exception() -> Iterator:
     Only from the main thread, the one a Python handler runs in; a handler of the program's own (or SIG_IGN) is
     left alone. The previous handler is back once the block ends."""
     termination = _Termination()
+    try:
+        with handling_sigterm(termination.handle):
+            yield termination.held
+    finally:
+        termination.raise_pending()  # one held back while an error propagated: the exit still says it
+
+
+@contextlib.contextmanager
+def handling_sigterm(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for SIGTERM within the block, only where SIGTERM would end the process (its default action)
+    and only from the main thread, the one a Python handler runs in: a program's own handler, or SIG_IGN, is left
+    alone. The default is back once the block ends."""
     installed = (threading.current_thread() is threading.main_thread()
                  and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
     if installed:
-        signal.signal(signal.SIGTERM, termination.handle)
+        signal.signal(signal.SIGTERM, handler)
     try:
-        yield termination.held
+        yield
     finally:
         if installed:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        termination.raise_pending()  # one held back while an error propagated: the exit still says it
 
 
 def current_umask() -> int:
@@ -161,4 +172,5 @@ def current_umask() -> int:
     return mask
 
 
-__all__ = ["Destination", "destination", "archive_file", "current_umask", "TEMP_PREFIX", "TEMP_SUFFIX"]
+__all__ = ["Destination", "destination", "archive_file", "handling_sigterm", "current_umask", "TEMP_PREFIX",
+           "TEMP_SUFFIX"]

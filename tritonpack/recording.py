@@ -321,10 +321,8 @@ def _run(command: Sequence[str], env: Mapping[str, str], stdout: int | None) -> 
 @contextlib.contextmanager
 def _forwarding_sigterm(proc: subprocess.Popen):
     """A SIGTERM to tritonpack while the command runs goes to the command too, which runs in its own process and
-    would otherwise go on alone; yields the signals received. Only from the main thread, and only where SIGTERM
-    has its default action (a program's own handler is left alone)."""
-    import signal
-    import threading
+    would otherwise go on alone; yields the signals received (``archivedest.handling_sigterm`` says where)."""
+    from .archivedest import handling_sigterm
 
     received: list[int] = []
 
@@ -333,15 +331,8 @@ def _forwarding_sigterm(proc: subprocess.Popen):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    installed = (threading.current_thread() is threading.main_thread()
-                 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
-    if installed:
-        signal.signal(signal.SIGTERM, forward)
-    try:
+    with handling_sigterm(forward):
         yield received
-    finally:
-        if installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _status(returncode: int) -> str:
