@@ -228,9 +228,9 @@ def test_a_registry_that_never_answers_times_out_in_one_line(tmp_path, monkeypat
     """oras sets no timeout: a registry that took the connection and never answered hung a pod's start."""
     import time
 
-    from tritonpack import oci
+    from tritonpack import remote
 
-    monkeypatch.setattr(oci, "REQUEST_TIMEOUT", (5, 0.3))
+    monkeypatch.setattr(remote, "SERVER_TIMEOUT", (5, 0.3))
 
     def silent(method: str, path: str, times: int) -> tuple[int, bytes]:
         if path != "/v2/":

@@ -164,7 +164,7 @@ def test_a_server_that_never_answers_times_out_in_one_line(monkeypatch, capsys):
 
     from tritonpack import remote
 
-    monkeypatch.setattr(remote, "HTTP_TIMEOUT", (5, 0.3))
+    monkeypatch.setattr(remote, "SERVER_TIMEOUT", (5, 0.3))
 
     class Silent(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

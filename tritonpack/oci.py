@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from . import remote
 from .archive.reader import ArchiveReader
 from .archive.source import LocalFile
 from .archivedest import archive_file
@@ -41,7 +42,6 @@ PREFIX = "io.tritonpack."
 DEFAULT_NAME = "kernels.tpack"
 TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 RETRY_PAUSE_S = 0.5
-REQUEST_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer
 
 # distribution's reference grammar: lowercase path components, tag, digest
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
@@ -202,7 +202,7 @@ def _adapter_with_timeout():
 
     class TimedAdapter(HTTPAdapter):
         def send(self, request, timeout=None, **kwargs):
-            return super().send(request, timeout=REQUEST_TIMEOUT if timeout is None else timeout, **kwargs)
+            return super().send(request, timeout=remote.SERVER_TIMEOUT if timeout is None else timeout, **kwargs)
 
     return TimedAdapter()
 

@@ -27,7 +27,7 @@ from .archive.reader import ArchiveReader
 from .cachedest import CONFLICT, PRESENT, REPLACE, WRITE, Placement
 from .errors import RemoteError, UsageError
 from .model import GROUP, Entry, manifest_name
-from .remote import open_source
+from .remote import SERVER_TIMEOUT, open_source
 from .report import UnpackResult, unpack_result
 
 DEFAULT_KEY_FORMAT = "triton:{key}:{filename}"  # Triton's TRITON_REDIS_KEY_FORMAT default (3.3-3.9)
@@ -79,7 +79,7 @@ def connect(url: str):
     except ImportError:
         raise UsageError("--to-redis needs the redis package: pip install 'tritonpack[redis]'", shown) from None
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=10, socket_timeout=60)
+        client = redis.Redis.from_url(url, socket_connect_timeout=SERVER_TIMEOUT[0], socket_timeout=SERVER_TIMEOUT[1])
     except ValueError as e:
         raise UsageError(f"not a Redis URL ({e})", shown) from None
     _call(client.ping, shown)

@@ -14,7 +14,7 @@ from .errors import NotFoundError, RemoteError, TpackError, UsageError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
-HTTP_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer
+SERVER_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer (HTTP, registries, Redis)
 
 
 def scheme_of(location: str | os.PathLike) -> str:
@@ -135,7 +135,8 @@ class FsspecSource:
                 import aiohttp
 
                 # aiohttp's default waits five minutes on a server that took the connection and never answers
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_TIMEOUT[0], sock_read=HTTP_TIMEOUT[1])
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=SERVER_TIMEOUT[0],
+                                                sock_read=SERVER_TIMEOUT[1])
                 self._fs, self._path = fsspec.core.url_to_fs(
                     url, client_kwargs={"trace_configs": [_http_trace(self._observed)], "timeout": timeout},
                     skip_instance_cache=True)
