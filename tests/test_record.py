@@ -144,6 +144,35 @@ def test_failing_command_packs_nothing_unless_allowed(tmp_path, full_root, monke
     assert not marker.exists(), "an output that cannot be written is refused before the command runs"
 
 
+def test_an_output_inside_a_root_the_command_uses_is_refused_as_pack_refuses_it(tmp_path, full_root, monkeypatch,
+                                                                                   capsys):
+    """Known up front (TRITON_CACHE_DIR, else Triton's default): refused before the command runs. Chosen by the
+    command itself: refused once it has run, before anything is written."""
+    script = tmp_path / "use_one.py"
+    script.write_text(COMPILE)
+    before = snapshot(full_root)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(full_root))
+    marker = tmp_path / "ran"
+    for inside in (full_root / "k.tpack", next(full_root.iterdir()) / "k.tpack"):
+        assert main(["record", "-o", str(inside), "--", "touch", str(marker)]) == 2
+        assert capsys.readouterr().err == (f"error: {inside}: the archive would be written inside Triton's cache "
+                                           f"root {full_root}, which the command uses unless it sets another; "
+                                           "choose another -o\n")
+    assert not marker.exists(), "refused before the command runs"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))
+    inside = full_root / "k.tpack"
+    argv = ["record", "-o", str(inside), "--", "env", f"TRITON_CACHE_DIR={full_root}", sys.executable, str(script)]
+    assert main([*argv, "0"]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: {inside}: the archive would be written inside {full_root}, a cache root the command used (nothing "
+        "was packed); choose another -o\n")
+    assert snapshot(full_root) == before, "no archive, no temp file"
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")  # the command sets the root Triton 3.4+ needs: checked once it ran
+    assert main([*argv, "0"]) == 2
+    assert "a cache root the command used (nothing was packed)" in capsys.readouterr().err
+    assert snapshot(full_root) == before
+
+
 def test_what_was_used_but_cannot_be_packed_is_reported(tmp_path, full_root, monkeypatch, capsys):
     script = tmp_path / "use_then_clean.py"
     script.write_text(COMPILE.replace("sys.exit(", CLEAN_SOFTMAX_CUDA90 + "sys.exit("))

@@ -55,16 +55,15 @@ def progress_counter(total: int, progress: Progress | None):
     return on_file
 
 
-def _refuse_output_inside(root: str, output) -> None:
-    """Pack never changes its source: not even an archive (or its temp file) may land inside the root, nor the
-    target of a link that ``-o`` names."""
+def refuse_output_inside(root: str, output, what: str = "the cache it packs") -> None:
+    """Pack never changes its source, nor record the roots its command uses: not even an archive (or its temp
+    file) may land inside the root, nor the target of a link that ``-o`` names. ``what`` names the root."""
     from .archivedest import destination
 
     where = os.path.dirname(os.path.realpath(destination(os.fspath(output)).path))
     source = os.path.realpath(root)
     if os.path.isdir(source) and os.path.commonpath([where, source]) == source:
-        raise UsageError("the archive would be written inside the cache it packs; choose another -o",
-                         os.fspath(output))
+        raise UsageError(f"the archive would be written inside {what}; choose another -o", os.fspath(output))
 
 
 def _newest(entry) -> float:
@@ -136,7 +135,7 @@ def pack(
     root = cache_root(cache_dir)
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
-    _refuse_output_inside(root, output)
+    refuse_output_inside(root, output)
     helpers = forked_helpers() if processes else None  # forked first, while this process is small
     with helpers if helpers is not None else contextlib.nullcontext():
         scan = scan_cache(root, processes=processes)

@@ -335,6 +335,17 @@ def _forwarding_sigterm(proc: subprocess.Popen):
         yield received
 
 
+def _default_root() -> str | None:
+    """The root the command's Tritons use unless it sets another (``TRITON_CACHE_DIR``, else Triton's default),
+    absolute; None for an empty ``TRITON_CACHE_DIR``, which the command itself must replace to compile."""
+    from .triton_env import default_cache_dir
+
+    try:
+        return os.path.abspath(default_cache_dir())
+    except UsageError:
+        return None
+
+
 def _status(returncode: int) -> str:
     return f"was killed by signal {-returncode}" if returncode < 0 else f"exited with status {returncode}"
 
@@ -353,7 +364,7 @@ def record(
     ``RecordError`` when the command fails (unless ``allow_failure``) or used no Triton cache entry.
     """
     from . import __version__
-    from .api import source_date_epoch
+    from .api import refuse_output_inside, source_date_epoch
     from .archive.writer import write_archive
     from .archivedest import destination
 
@@ -365,6 +376,10 @@ def record(
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
     target = destination(os.fspath(output))  # a directory is refused before the command runs, too
+    default_root = _default_root()
+    if default_root is not None:  # as pack refuses to write into its source, before the command runs
+        refuse_output_inside(default_root, output, f"Triton's cache root {default_root}, which the command uses "
+                                                   "unless it sets another")
     directory = os.path.dirname(target.path)
     if not (target.in_place or (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK))):
         raise CacheError("cannot write the archive there (checked before running the command)", os.fspath(output))
@@ -382,6 +397,8 @@ def record(
     if returncode != 0 and not allow_failure:
         raise RecordError(f"the command {_status(returncode)}; nothing was packed (--allow-failure packs what it "
                           "used anyway)", command[0])
+    for root in sorted({use.root for use in log.uses}):  # roots the command chose itself, known only now
+        refuse_output_inside(root, output, f"{root}, a cache root the command used (nothing was packed)")
     pack_start = time.perf_counter()
     selection = select(log)
     if not selection.entries:
