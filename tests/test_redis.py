@@ -169,3 +169,20 @@ def test_errors(archive, tmp_path, capsys):
     assert err.startswith(f"error: {url}: ") and "onnection refused" in err and err.count("\n") == 1, err
     assert main(["unpack", str(archive), "--to-redis", url, "--cache-dir", str(tmp_path)]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("database", ["/1", "?db=2", "/0?db=3"])
+def test_a_database_triton_never_reads_is_refused_before_anything_is_written(archive, db, port, database, capsys):
+    """Triton's backend connects to TRITON_REDIS_HOST:TRITON_REDIS_PORT, database 0: kernels written to another
+    database would never be hit, by any process of the fleet."""
+    url = f"redis://127.0.0.1:{port}{database}"
+    number = database[-1]
+    assert main(["unpack", str(archive), "--to-redis", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {url}: database {number}: Triton's RedisRemoteCacheBackend reads database 0 only")
+    assert "leave the database out of the URL" in err and err.count("\n") == 1
+    assert db.info("keyspace") == {} and db.info("commandstats").get("cmdstat_select") is None
+    with pytest.raises(tritonpack.UsageError, match=f"database {number}: "):
+        tritonpack.unpack_to_redis(archive, url)
+    result = tritonpack.unpack_to_redis(archive, f"redis://127.0.0.1:{port}/0")  # database 0 named: Triton's
+    assert result.written == result.entries > 0 and db.dbsize() > 0

@@ -72,7 +72,8 @@ def public_url(url: str) -> str:
 
 
 def connect(url: str):
-    """A client for ``redis://HOST:PORT[/DB]``, checked with one PING."""
+    """A client for ``redis://HOST:PORT``, checked with one PING. A URL naming a database other than 0 (``/N``,
+    ``?db=N``) is refused before connecting: Triton's backend never reads another one."""
     shown = public_url(url)
     try:
         import redis
@@ -82,6 +83,13 @@ def connect(url: str):
         client = redis.Redis.from_url(url, socket_connect_timeout=SERVER_TIMEOUT[0], socket_timeout=SERVER_TIMEOUT[1])
     except ValueError as e:
         raise UsageError(f"not a Redis URL ({e})", shown) from None
+    database = client.connection_pool.connection_kwargs.get("db") or 0
+    if database != 0:
+        client.close()
+        raise UsageError(f"database {database}: Triton's RedisRemoteCacheBackend reads database 0 only (it connects "
+                         "to TRITON_REDIS_HOST:TRITON_REDIS_PORT, with no database setting), so no Triton would hit "
+                         "what is written there; leave the database out of the URL (to keep the kernels apart, give "
+                         "this unpack and the fleet one TRITON_REDIS_KEY_FORMAT)", shown)
     _call(client.ping, shown)
     return client
 
