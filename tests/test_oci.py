@@ -157,17 +157,24 @@ def test_push_and_pull_report_the_same_manifest_digest_and_either_pulls(host, ar
 
 
 @contextlib.contextmanager
-def http_registry(answer: Callable[[str, str, int], tuple[int, bytes]]) -> Iterator[tuple[str, list[str]]]:
-    """A stand-in registry on 127.0.0.1 that answers ``answer(method, path, times_seen)``; yields its address and
-    the requests it got (``METHOD PATH``)."""
+def http_registry(answer: Callable[[str, str, int], tuple], bodies: list[tuple[str, bytes]] | None = None,
+                  ) -> Iterator[tuple[str, list[str]]]:
+    """A stand-in registry on 127.0.0.1 that answers ``answer(method, path, times_seen)``: a status, a body and
+    optionally headers; yields its address and the requests it got (``METHOD PATH``), and adds to ``bodies`` each
+    request's body, when one is given."""
     seen: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def handle_one(self) -> None:
             request = f"{self.command} {self.path}"
             seen.append(request)
-            status, body = answer(self.command, self.path, seen.count(request))
+            received = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if bodies is not None and received:
+                bodies.append((request, received))
+            status, body, *headers = answer(self.command, self.path, seen.count(request))
             self.send_response(status)
+            for name, value in (headers[0] if headers else {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -266,6 +273,60 @@ def test_a_write_answered_500_is_not_retried(archive, capfd):
     out, err = capfd.readouterr()
     assert out == "" and err.startswith(f"error: {reference}: ") and err.count("\n") == 1, err
     assert [r for r in seen if not r.startswith(("GET ", "HEAD "))] == ["POST /v2/triton/kernels/blobs/uploads/"]
+
+
+def test_push_sends_the_archive_from_disk_a_mib_at_a_time(host, compiled_root, tmp_path):
+    """oras' upload_blob reads the whole file into memory (a 4 GB archive took 4 GB): push streams it instead, and
+    the registry gets every byte."""
+    import base64
+    import shutil
+    import tracemalloc
+
+    root = tmp_path / "cache"
+    shutil.copytree(compiled_root, root)
+    key = base64.b32encode(hashlib.sha256(b"large stub").digest()).decode().rstrip("=")
+    (root / key).mkdir()
+    (root / key / "cuda_utils.cpython-311-x86_64-linux-gnu.so").write_bytes(os.urandom(48 << 20))
+    archive = tmp_path / "large.tpack"
+    tritonpack.pack(root, archive, level=1)
+    size = archive.stat().st_size
+    reference = f"oci://{host}/triton/large:v1"
+    tracemalloc.start()
+    try:
+        pushed = tritonpack.push(archive, reference)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size > 48 << 20 and peak < 8 << 20, (size, peak)
+    pulled = tritonpack.pull(reference, tmp_path / "pulled.tpack")
+    digest = f"sha256:{hashlib.sha256(archive.read_bytes()).hexdigest()}"
+    assert pulled.archive_digest == pushed.archive_digest == digest
+    assert (tmp_path / "pulled.tpack").read_bytes() == archive.read_bytes()
+
+
+def test_an_upload_asked_for_credentials_is_sent_whole_again(archive, capfd):
+    """A registry may answer the archive's PUT with a 401 (a token to renew): oras sends the request again, with
+    a token, and the second PUT carries the whole archive too, read again from its start."""
+    bodies: list[tuple[str, bytes]] = []
+    realm: list[str] = []
+    upload = "/v2/triton/kernels/blobs/uploads/session"
+
+    def asking_once(method: str, path: str, times: int) -> tuple:
+        if method == "HEAD" and "/blobs/" in path:
+            return 404, b"{}"
+        if method == "POST":
+            return 202, b"", {"Location": upload}
+        if method == "PUT" and path.startswith(upload + "?") and times == 1:
+            return 401, b"{}", {"Www-Authenticate": f'Bearer realm="{realm[0]}",service="stand-in"'}
+        return (200, b'{"token": "renewed"}') if path.startswith("/token") else (201 if method == "PUT" else 200, b"{}")
+
+    with http_registry(asking_once, bodies) as (address, _):
+        realm.append(f"http://{address}/token")
+        assert main(["push", str(archive), f"oci://{address}/triton/kernels:v1", "-q"]) == 0
+    assert capfd.readouterr() == ("", "")
+    digest = "sha256%3A" + hashlib.sha256(archive.read_bytes()).hexdigest()
+    uploads = [body for request, body in bodies if request == f"PUT {upload}?digest={digest}"]
+    assert uploads == [archive.read_bytes()] * 2, [(r, len(b)) for r, b in bodies]
 
 
 DIGEST = "sha256:" + "0" * 64

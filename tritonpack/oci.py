@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -278,6 +279,44 @@ def _sha256_file(path: str) -> tuple[str, int]:
     return "sha256:" + digest.hexdigest(), size
 
 
+class _FileBody:
+    """A file as a request body that requests sends with its ``Content-Length``, read a MiB at a time: memory stays
+    bounded whatever the archive's size. Each send reads it from its start, so that a request sent again (oras
+    does, after a 401 that asks for credentials) sends it whole."""
+
+    def __init__(self, path: str, size: int):
+        self.path = path
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            yield from iter(lambda: f.read(1 << 20), b"")
+
+
+def _upload_blob(client, container, ref: Reference, blob: dict, body: _FileBody | bytes, what: str) -> None:
+    """Upload a blob the registry lacks, as the OCI distribution spec's monolithic upload: a POST opens a session,
+    one PUT with the digest sends the bytes. oras' ``upload_blob`` does the same with the whole file read into
+    memory (pushing a 419 MB archive peaked at 446 MB); its chunked upload, which does not, is not taken by every
+    registry."""
+    import oras.utils
+
+    if client.blob_exists(blob, container):
+        return
+    response = client.do_request(f"{client.prefix}://{container.upload_blob_url()}", "POST",
+                                 headers={"Content-Type": "application/octet-stream", **client.headers})
+    _status(response, ref, what)
+    location = response.headers.get("Location")
+    if not location:
+        raise RemoteError(f"{what}: the registry opened no upload session (no Location in its answer)", str(ref))
+    session = urllib.parse.urljoin(f"{client.prefix}://{ref.registry}/", location)
+    response = client.do_request(oras.utils.append_url_params(session, {"digest": blob["digest"]}), "PUT",
+                                 data=body, headers={"Content-Type": "application/octet-stream", **client.headers})
+    _status(response, ref, what)
+
+
 def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None = None) -> PushResult:
     """Push a local archive as an OCI artifact; its index (read first, so a bad archive is never pushed) gives the
     manifest's annotations."""
@@ -294,15 +333,12 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
     manifest = {"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE, "artifactType": ARTIFACT_TYPE,
                 "config": EMPTY_CONFIG, "layers": [layer], "annotations": notes}
     client = _client(ref, plain_http)
-    with _remote(ref), tempfile.TemporaryDirectory(prefix="tritonpack-oci-") as tmp:
+    with _remote(ref):
         container = client.get_container(ref.target)
         client.auth.load_configs(container)
         _ping(client, ref)
-        _status(client.upload_blob(path, container, layer), ref, "uploading the archive")
-        config = os.path.join(tmp, "config.json")
-        with open(config, "wb") as f:
-            f.write(b"{}")
-        _status(client.upload_blob(config, container, EMPTY_CONFIG), ref, "uploading the empty config")
+        _upload_blob(client, container, ref, layer, _FileBody(path, size), "uploading the archive")
+        _upload_blob(client, container, ref, EMPTY_CONFIG, b"{}", "uploading the empty config")
         body = json.dumps(manifest).encode()  # sent as these bytes, so that their sha256 is the manifest's digest
         response = client.do_request(f"{client.prefix}://{container.manifest_url()}", "PUT", data=body,
                                      headers={"Content-Type": MANIFEST_MEDIA_TYPE})
