@@ -149,6 +149,23 @@ def test_environment_key_follows_what_the_preflight_depends_on(monkeypatch):
     assert environment_key() != base
 
 
+def test_a_start_that_names_the_root_by_triton_cache_dir_finds_the_stamp_of_the_build(tmp_path, archive,
+                                                                                        monkeypatch):
+    """An image is built with ``--cache-dir /cache`` and run with ``TRITON_CACHE_DIR=/cache`` (or a
+    ``TRITON_HOME``): the variables that only say where the cache is are not in the stamp's key, so the start finds
+    the build's stamp and writes nothing (it took them for cache-invalidating ones, and unpacked again)."""
+    root = tmp_path / "root"
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_HOME", raising=False)
+    built = tritonpack.ensure(archive, root)
+    before = snapshot(root)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    started = tritonpack.ensure(archive)
+    assert (started.status, started.stamp, started.cache_dir) == ("present", built.stamp, str(root))
+    assert snapshot(root) == before
+
+
 def test_bad_archive_is_an_archive_error(tmp_path):
     bad = tmp_path / "bad.tpack"
     bad.write_bytes(b"\x89TPACK\r\n" + bytes(8) + b"x" * 100)

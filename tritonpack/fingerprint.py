@@ -20,6 +20,9 @@ from typing import NamedTuple
 # Names of variables that may invalidate Triton's cache or change a backend hash: all those that Triton's
 # get_cache_invalidating_env_vars() knows begin with one of these.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ALLOW_", "USE_")
+# Of those, the ones that say only where the cache is: an image built with ``--cache-dir`` and run with
+# ``TRITON_CACHE_DIR`` set to the same root must find the build's stamp and fingerprint.
+_LOCATION_VARIABLES = frozenset({"TRITON_CACHE_DIR", "TRITON_HOME"})
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 FINGERPRINT_VERSION = 1
 
@@ -67,7 +70,9 @@ def _installed_identity(package: str) -> str:
 
 
 def env_digest(environ: Mapping[str, str]) -> str:
-    items = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES))
+    """A digest of the variables that may change Triton's cache keys or backend hashes."""
+    items = sorted((k, v) for k, v in environ.items()
+                   if k.startswith(_ENV_PREFIXES) and k not in _LOCATION_VARIABLES)
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
