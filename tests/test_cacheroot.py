@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import snapshot
+from conftest import snapshot, without_root_powers
 
 import tritonpack
 from tritonpack.cacheroot import scan_cache
@@ -105,21 +105,10 @@ def test_a_key_directory_that_cannot_be_listed_is_a_group_verify_cannot_vouch_fo
         [("unreadable", "unreadable: Permission denied")]
 
 
-def _without_root_powers() -> list[str]:
-    """A command prefix under which file permissions apply: none for a user, ``setpriv`` dropping root's
-    capability to read anything (skipped where it cannot)."""
-    if os.geteuid() != 0:
-        return []
-    prefix = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
-    if not shutil.which("setpriv") or subprocess.run([*prefix, "true"], capture_output=True).returncode:
-        pytest.skip("root, and setpriv cannot drop its capability to read any file here")
-    return prefix
-
-
 def test_an_unreadable_file_skips_its_entry_not_the_whole_pack(tmp_path, root):
     """As an unreadable manifest does: the entry is reported, the rest is packed (a cubin that could not be read
     failed the whole pack when the writer came to it)."""
-    prefix = _without_root_powers()
+    prefix = without_root_powers()
     cubin = next(root.glob("*/*.cubin"))
     key = cubin.parent.name
     cubin.chmod(0)

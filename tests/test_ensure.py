@@ -12,7 +12,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from conftest import FIXTURES, snapshot  # noqa: E402
+from conftest import FIXTURES, snapshot, without_root_powers  # noqa: E402
 from kernels import HAS_LISTENER, compile_all  # noqa: E402
 
 import tritonpack  # noqa: E402
@@ -32,6 +32,13 @@ RACER = textwrap.dedent("""
         time.sleep(0.001)
     result = tritonpack.ensure(archive, root)
     print(json.dumps(result.to_dict()))
+""")
+# Compiles the test kernels against a root, in a process of its own: prints the listener's cache_hit per compile.
+COMPILER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from kernels import compile_all
+    print(json.dumps(compile_all(sys.argv[2])))
 """)
 
 
@@ -164,6 +171,48 @@ def test_a_start_that_names_the_root_by_triton_cache_dir_finds_the_stamp_of_the_
     started = tritonpack.ensure(archive)
     assert (started.status, started.stamp, started.cache_dir) == ("present", built.stamp, str(root))
     assert snapshot(root) == before
+
+
+def _writable(root, yes: bool) -> None:
+    for directory in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        directory.chmod(0o755 if yes else 0o555)
+
+
+def test_a_complete_root_this_process_cannot_write_is_ensured_without_writing(tmp_path, archive):
+    """A container starts as a user who may not write the image's cache root (the build's, or a read-only mount),
+    and finds no stamp of its environment (the build ran unpack, or ensure with --target): ensure checks the
+    entries, writes nothing when all are in place, and says that it could leave no stamp (it failed, exit 4, to
+    take its lock). Triton hits there, reading only. An entry missing is one line, exit 4, and nothing written."""
+    prefix = without_root_powers()
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    _writable(root, False)
+    before = snapshot(root)
+    ensure = [*prefix, sys.executable, "-m", "tritonpack", "ensure", str(archive), "--cache-dir", str(root)]
+    try:
+        out = subprocess.run([*ensure, "--json"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert (doc["status"], doc["written"], doc["usable"]) == ("present", 0, doc["entries"])
+        assert doc["unstamped"] == f"{root / '.tritonpack'}: Permission denied"
+        out = subprocess.run(ensure, capture_output=True, text=True)
+        assert "no stamp written" in out.stderr and "already present" in out.stdout
+        tests = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run([*prefix, sys.executable, "-c", COMPILER, tests, str(root)], capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr
+        if HAS_LISTENER:
+            assert all(json.loads(out.stdout))
+        assert snapshot(root) == before
+        _writable(root, True)
+        group = sorted(root.glob("*/__grp__*.json"))[0]
+        group.unlink()
+        _writable(root, False)
+        out = subprocess.run(ensure, capture_output=True, text=True)
+        assert (out.returncode, out.stderr) == (4, f"error: {root}: cannot write: Permission denied\n")
+        assert not group.exists() and len(snapshot(root)) == len(before) - 1
+    finally:
+        _writable(root, True)
 
 
 def test_bad_archive_is_an_archive_error(tmp_path):
