@@ -263,6 +263,20 @@ def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
         raise
 
 
+def root_only(files_written: int) -> str:
+    """The umask and modes that keep what root just wrote from every other user ("" where it wrote nothing, or is
+    not root, or others may read): an image is built as root and its service often runs as another user, whose
+    Triton then can read none of the kernels (and, where it misses, cannot write there either)."""
+    from .archivedest import current_umask
+
+    if not files_written or os.geteuid() != 0:
+        return ""
+    mask = current_umask()
+    if not mask & 0o005:  # others may read the files and enter the directories
+        return ""
+    return f"umask {mask:03o}: files {0o666 & ~mask:04o}, directories {0o777 & ~mask:04o}"
+
+
 class Written(NamedTuple):
     files: int
     bytes: int

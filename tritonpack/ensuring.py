@@ -41,7 +41,7 @@ from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trail
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
 from .model import GROUP, manifest_name
-from .report import kept_lines, plural, reasons_to_dicts
+from .report import kept_lines, plural, reasons_to_dicts, root_only_lines
 from .triton_env import cache_root
 
 STAMP_VERSION = 1
@@ -72,6 +72,7 @@ class EnsureResult:
     stamp: str = ""
     unreachable: str = ""  # why the archive could not be read, when this result is the stamp of its URL's last ensure
     unstamped: str = ""  # why no stamp could be written (the next ensure checks the entries again), else ""
+    root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
 
     @property
     def ok(self) -> bool:
@@ -92,7 +93,7 @@ class EnsureResult:
         lines += [f"not checked: {note}" for note in self.unchecked]
         if self.unstamped:
             lines.append(f"no stamp written ({self.unstamped}): the next ensure checks every entry again")
-        return lines
+        return lines + root_only_lines(self.root_only)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "not_used": reasons_to_dicts(self.not_used), "ok": self.ok}
@@ -256,7 +257,7 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
     return EnsureResult(archive, root, digest, UNPACKED if written else PRESENT, False, result.entries, usable,
                         written, conflicts=result.conflicts, linked=result.linked,
                         key_not_directory=result.key_not_directory, file_is_directory=result.file_is_directory,
-                        not_used=result.not_used, unchecked=result.unchecked), markers
+                        not_used=result.not_used, unchecked=result.unchecked, root_only=result.root_only), markers
 
 
 def _location_record(stamp_dir: str, location: str, env_key: str) -> str:
