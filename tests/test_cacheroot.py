@@ -169,6 +169,38 @@ def test_verify_and_relocate_of_what_is_no_cache_root_are_errors(tmp_path, root,
         assert f"is the cache root {inductor}/triton/0?" in capsys.readouterr().err
 
 
+def test_a_root_reached_through_a_symbolic_link_is_no_other_root(tmp_path, root):
+    """``~/.triton -> /cache``: manifests written for one path name the very files seen through the other, which
+    Triton reads. verify passes both ways (it said stale, exit 1), relocate and unpack write nothing (they rewrote
+    every manifest, which fails on a read-only root, and back at the next run through the other path). A
+    hard-linked copy is another root: its manifests stay stale until relocated."""
+    from kernels import HAS_LISTENER, compile_all
+
+    from tritonpack.cli import main
+
+    archive, real, home = tmp_path / "k.tpack", tmp_path / "volume" / "cache", tmp_path / "home"
+    tritonpack.pack(root, archive)
+    tritonpack.unpack(archive, real)
+    home.mkdir()
+    (home / ".triton").symlink_to(real.parent)
+    linked = home / ".triton" / "cache"
+    before = snapshot(real)
+    for path in (linked, real):
+        assert main(["verify", str(path)]) == 0
+        assert tritonpack.relocate(path).fixed == []
+        result = tritonpack.unpack(archive, path)
+        assert result.present == result.entries and result.relinked == 0
+    hits = compile_all(linked)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert snapshot(real) == before
+    copy = tmp_path / "copy"
+    shutil.copytree(real, copy, copy_function=os.link)
+    assert {g.state for g in tritonpack.verify(copy).groups} == {"stale"}
+    assert len(tritonpack.relocate(copy).fixed) == len(list(copy.glob("*/__grp__*.json")))
+    assert snapshot(real) == before
+
+
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):
     (root / "stray.txt").write_text("x")
     before = snapshot(root)
