@@ -152,8 +152,22 @@ def test_environment_key_follows_what_the_preflight_depends_on(monkeypatch):
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
     assert environment_key() != base
     monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # no GPU visible: the arch is not checked
     assert environment_key() != base
+
+
+def test_every_rank_given_its_own_gpu_finds_one_stamp(tmp_path, archive, monkeypatch):
+    """torchrun or Slurm give each rank ``CUDA_VISIBLE_DEVICES=<its GPU>``; the GPU probe lists the host's GPUs
+    whatever it names, so the stamp's key does not follow it, but for a value that hides them all: each rank found
+    no stamp of its own, and checked every entry again, one after the other under the lock."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    first = tritonpack.ensure(archive, root)
+    for rank in ("7", "GPU-6f1c2b9e-4a1d-4c59-9a57-3b6a1f1e2d3c"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", rank)
+        assert tritonpack.ensure(archive, root).stamp == first.stamp
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert tritonpack.ensure(archive, root).stamp != first.stamp
 
 
 def test_a_start_that_names_the_root_by_triton_cache_dir_finds_the_stamp_of_the_build(tmp_path, archive,

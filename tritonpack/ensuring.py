@@ -19,8 +19,10 @@ A local path that is gone stays an error: an image without its archive is broken
 What the environment key covers: the archive, this tritonpack, the Python ABI and platform, the installed Triton
 (its directory and the size and mtime of ``__init__.py``, ``libtriton`` and the backends directory, which any
 reinstall changes), the variables that may invalidate Triton's cache, the GPUs (``--target`` list, or the models
-and counts read from ``/proc/driver/nvidia`` and the AMD KFD topology, and ``*_VISIBLE_DEVICES``). In-place edits
-of Triton's own sources are not seen by the stamp; ``unpack`` (whose fingerprint hashes every file) sees them.
+and counts read from ``/proc/driver/nvidia`` and the AMD KFD topology, and whether ``CUDA_VISIBLE_DEVICES`` hides
+them all, which is all the GPU probe reads of it: every rank of a job, each given its own GPU, finds one stamp).
+In-place edits of Triton's own sources are not seen by the stamp; ``unpack`` (whose fingerprint hashes every file)
+sees them.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from . import __version__
 from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
+from .gpus import cuda_hidden
 from .model import GROUP, manifest_name
 from .report import kept_lines, plural, reasons_to_dicts, root_only_lines
 from .triton_env import cache_root
@@ -162,8 +165,7 @@ def _gpu_identity() -> list:
                     for line in _read(info).splitlines() if line.startswith("Model:"))
     amd = sorted(line.strip() for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties")
                  for line in _read(props).splitlines() if line.startswith("gfx_target_version"))
-    visible = [os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")]
-    return [nvidia, amd, visible]
+    return [nvidia, amd, cuda_hidden()]
 
 
 def environment_key(targets: list[str] | None = None) -> str:
