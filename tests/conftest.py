@@ -59,6 +59,20 @@ def fifo_reader(path: Path):
         reader.join()
 
 
+def without_root_powers() -> list[str]:
+    """A command prefix under which file permissions apply: none for a user, ``setpriv`` dropping root's
+    capability to read and write anything (skipped where it cannot)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+    if not shutil.which("setpriv") or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip("root, and setpriv cannot drop its capability to read any file here")
+    return prefix
+
+
 @pytest.fixture()
 def counted_forks(monkeypatch) -> list[int]:
     """The pids of the forks this process makes (``os.fork`` counted)."""

@@ -644,6 +644,27 @@ def _file_table(entry: dict, states: list[str], overwrite: bool) -> Decision:
     return Decision(WRITE, todo)
 
 
+def names_same_files(directory: str, manifest: Any, expected: tuple[str, ...]) -> bool:
+    """§8.1: ``M`` names the same files: only ``child_paths``, the expected names, each an absolute path ending in its
+    name whose directory, links followed, is the key directory itself (device and inode); any error: not."""
+    if not (is_map(manifest) and list(manifest) == ["child_paths"] and is_map(manifest["child_paths"])):
+        return False
+    children = manifest["child_paths"]
+    if set(children) != set(expected):
+        return False
+    try:
+        own = os.stat(directory)
+        for name, path in children.items():
+            if not is_str(path) or not path.startswith("/") or path.rpartition("/")[2] != name:
+                return False
+            st = os.stat(path.rpartition("/")[0] or "/")
+            if (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino):
+                return False
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _group_table(root: str, entry: dict, states: list[str], manifest: Any, overwrite: bool) -> Decision:
     """§8.1's table of groups, with ``O`` and ``gone``: an unpack never makes a group smaller unless it replaces it."""
     todo = tuple(file for file, state in zip(entry["files"], states, strict=True) if state != SAME)
@@ -658,7 +679,8 @@ def _group_table(root: str, entry: dict, states: list[str], manifest: Any, overw
         return Decision(CONFLICT, manifest_seen=True)
     if todo or gone:
         return Decision(WRITE, todo, expected, True)
-    if manifest is not _UNREADABLE and manifest == json.loads(manifest_bytes(root, entry["key"], list(expected))):
+    if manifest is not _UNREADABLE and (manifest == json.loads(manifest_bytes(root, entry["key"], list(expected)))
+                                        or names_same_files(key_directory(root, entry["key"]), manifest, expected)):
         return Decision(PRESENT, manifest_seen=True)
     return Decision(RELINK, (), expected, True)
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import snapshot
+from conftest import snapshot, without_root_powers
 
 import tritonpack
 from tritonpack.cacheroot import scan_cache
@@ -105,21 +105,10 @@ def test_a_key_directory_that_cannot_be_listed_is_a_group_verify_cannot_vouch_fo
         [("unreadable", "unreadable: Permission denied")]
 
 
-def _without_root_powers() -> list[str]:
-    """A command prefix under which file permissions apply: none for a user, ``setpriv`` dropping root's
-    capability to read anything (skipped where it cannot)."""
-    if os.geteuid() != 0:
-        return []
-    prefix = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
-    if not shutil.which("setpriv") or subprocess.run([*prefix, "true"], capture_output=True).returncode:
-        pytest.skip("root, and setpriv cannot drop its capability to read any file here")
-    return prefix
-
-
 def test_an_unreadable_file_skips_its_entry_not_the_whole_pack(tmp_path, root):
     """As an unreadable manifest does: the entry is reported, the rest is packed (a cubin that could not be read
     failed the whole pack when the writer came to it)."""
-    prefix = _without_root_powers()
+    prefix = without_root_powers()
     cubin = next(root.glob("*/*.cubin"))
     key = cubin.parent.name
     cubin.chmod(0)
@@ -178,6 +167,38 @@ def test_verify_and_relocate_of_what_is_no_cache_root_are_errors(tmp_path, root,
     for where in (inductor, inductor / "triton"):
         assert main(["pack", str(where), "-o", str(tmp_path / "k.tpack")]) == 4
         assert f"is the cache root {inductor}/triton/0?" in capsys.readouterr().err
+
+
+def test_a_root_reached_through_a_symbolic_link_is_no_other_root(tmp_path, root):
+    """``~/.triton -> /cache``: manifests written for one path name the very files seen through the other, which
+    Triton reads. verify passes both ways (it said stale, exit 1), relocate and unpack write nothing (they rewrote
+    every manifest, which fails on a read-only root, and back at the next run through the other path). A
+    hard-linked copy is another root: its manifests stay stale until relocated."""
+    from kernels import HAS_LISTENER, compile_all
+
+    from tritonpack.cli import main
+
+    archive, real, home = tmp_path / "k.tpack", tmp_path / "volume" / "cache", tmp_path / "home"
+    tritonpack.pack(root, archive)
+    tritonpack.unpack(archive, real)
+    home.mkdir()
+    (home / ".triton").symlink_to(real.parent)
+    linked = home / ".triton" / "cache"
+    before = snapshot(real)
+    for path in (linked, real):
+        assert main(["verify", str(path)]) == 0
+        assert tritonpack.relocate(path).fixed == []
+        result = tritonpack.unpack(archive, path)
+        assert result.present == result.entries and result.relinked == 0
+    hits = compile_all(linked)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert snapshot(real) == before
+    copy = tmp_path / "copy"
+    shutil.copytree(real, copy, copy_function=os.link)
+    assert {g.state for g in tritonpack.verify(copy).groups} == {"stale"}
+    assert len(tritonpack.relocate(copy).fixed) == len(list(copy.glob("*/__grp__*.json")))
+    assert snapshot(real) == before
 
 
 def test_pack_never_modifies_the_source_and_reports_skips(tmp_path, root):

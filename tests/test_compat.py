@@ -128,6 +128,21 @@ def test_fingerprint_is_cached_and_keyed_by_environment(monkeypatch):
     assert not changed.cached and changed.env.get("TRITON_DEFAULT_FP_FUSION") in ("0", "false", "False")
 
 
+def test_a_user_with_no_home_keeps_no_fingerprint_and_makes_no_tilde_directory(tmp_path, monkeypatch):
+    """``docker run --user 12345``: no ``HOME``, no entry in the password database. ``~`` stays ``~``: the
+    fingerprint is computed every time, as with a read-only home, where it went to ``./~/.cache/tritonpack``."""
+    import pwd
+
+    def unknown(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    monkeypatch.chdir(tmp_path)
+    assert local_triton({("cuda", 90, 32)}).key_sha256 and list(tmp_path.iterdir()) == []
+
+
 def test_copied_cache_verify_relocate_and_hits(tmp_path, capsys):
     a, c, d = tmp_path / "a" / "cache", tmp_path / "c" / "cache", tmp_path / "d" / "cache"
     compile_all(a)

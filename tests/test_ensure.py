@@ -12,7 +12,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from conftest import FIXTURES, snapshot  # noqa: E402
+from conftest import FIXTURES, snapshot, without_root_powers  # noqa: E402
 from kernels import HAS_LISTENER, compile_all  # noqa: E402
 
 import tritonpack  # noqa: E402
@@ -32,6 +32,13 @@ RACER = textwrap.dedent("""
         time.sleep(0.001)
     result = tritonpack.ensure(archive, root)
     print(json.dumps(result.to_dict()))
+""")
+# Compiles the test kernels against a root, in a process of its own: prints the listener's cache_hit per compile.
+COMPILER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from kernels import compile_all
+    print(json.dumps(compile_all(sys.argv[2])))
 """)
 
 
@@ -145,8 +152,81 @@ def test_environment_key_follows_what_the_preflight_depends_on(monkeypatch):
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
     assert environment_key() != base
     monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # no GPU visible: the arch is not checked
     assert environment_key() != base
+
+
+def test_every_rank_given_its_own_gpu_finds_one_stamp(tmp_path, archive, monkeypatch):
+    """torchrun or Slurm give each rank ``CUDA_VISIBLE_DEVICES=<its GPU>``; the GPU probe lists the host's GPUs
+    whatever it names, so the stamp's key does not follow it, but for a value that hides them all: each rank found
+    no stamp of its own, and checked every entry again, one after the other under the lock."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    first = tritonpack.ensure(archive, root)
+    for rank in ("7", "GPU-6f1c2b9e-4a1d-4c59-9a57-3b6a1f1e2d3c"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", rank)
+        assert tritonpack.ensure(archive, root).stamp == first.stamp
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert tritonpack.ensure(archive, root).stamp != first.stamp
+
+
+def test_a_start_that_names_the_root_by_triton_cache_dir_finds_the_stamp_of_the_build(tmp_path, archive,
+                                                                                        monkeypatch):
+    """An image is built with ``--cache-dir /cache`` and run with ``TRITON_CACHE_DIR=/cache`` (or a
+    ``TRITON_HOME``): the variables that only say where the cache is are not in the stamp's key, so the start finds
+    the build's stamp and writes nothing (it took them for cache-invalidating ones, and unpacked again)."""
+    root = tmp_path / "root"
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_HOME", raising=False)
+    built = tritonpack.ensure(archive, root)
+    before = snapshot(root)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    started = tritonpack.ensure(archive)
+    assert (started.status, started.stamp, started.cache_dir) == ("present", built.stamp, str(root))
+    assert snapshot(root) == before
+
+
+def _writable(root, yes: bool) -> None:
+    for directory in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        directory.chmod(0o755 if yes else 0o555)
+
+
+def test_a_complete_root_this_process_cannot_write_is_ensured_without_writing(tmp_path, archive):
+    """A container starts as a user who may not write the image's cache root (the build's, or a read-only mount),
+    and finds no stamp of its environment (the build ran unpack, or ensure with --target): ensure checks the
+    entries, writes nothing when all are in place, and says that it could leave no stamp (it failed, exit 4, to
+    take its lock). Triton hits there, reading only. An entry missing is one line, exit 4, and nothing written."""
+    prefix = without_root_powers()
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    _writable(root, False)
+    before = snapshot(root)
+    ensure = [*prefix, sys.executable, "-m", "tritonpack", "ensure", str(archive), "--cache-dir", str(root)]
+    try:
+        out = subprocess.run([*ensure, "--json"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert (doc["status"], doc["written"], doc["usable"]) == ("present", 0, doc["entries"])
+        assert doc["unstamped"] == f"{root / '.tritonpack'}: Permission denied"
+        out = subprocess.run(ensure, capture_output=True, text=True)
+        assert "no stamp written" in out.stderr and "already present" in out.stdout
+        tests = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run([*prefix, sys.executable, "-c", COMPILER, tests, str(root)], capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr
+        if HAS_LISTENER:
+            assert all(json.loads(out.stdout))
+        assert snapshot(root) == before
+        _writable(root, True)
+        group = sorted(root.glob("*/__grp__*.json"))[0]
+        group.unlink()
+        _writable(root, False)
+        out = subprocess.run(ensure, capture_output=True, text=True)
+        assert (out.returncode, out.stderr) == (4, f"error: {root}: cannot write: Permission denied\n")
+        assert not group.exists() and len(snapshot(root)) == len(before) - 1
+    finally:
+        _writable(root, True)
 
 
 def test_bad_archive_is_an_archive_error(tmp_path):

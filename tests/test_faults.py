@@ -340,15 +340,40 @@ def test_modes_follow_the_umask_and_the_archive_carries_none(tmp_path, compiled_
     archive = tmp_path / "k.tpack"
     tritonpack.pack(source, archive)
     for umask, mode in ((0o022, 0o644), (0o077, 0o600), (0o000, 0o666)):
-        root = tmp_path / f"root-{umask:o}"
+        root = tmp_path / f"root-{umask:o}" / "cache"
         old = os.umask(umask)
         try:
-            tritonpack.unpack(archive, root)
+            result = tritonpack.unpack(archive, root)
         finally:
             os.umask(old)
         files = [p for p in root.rglob("*") if not p.is_dir()]
         assert files and {stat.S_IMODE(os.lstat(p).st_mode) for p in files} == {mode}
+        directories = [root.parent, root, *(p for p in root.rglob("*") if p.is_dir())]  # the parent it made too
+        assert {stat.S_IMODE(os.lstat(p).st_mode) for p in directories} == {0o777 & ~umask}
         assert not [p for p in root.rglob("*") if p.is_symlink()]
+        hidden = umask == 0o077 and os.geteuid() == 0
+        assert result.root_only == ("umask 077: files 0600, directories 0700" if hidden else "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root only: an image build writing what its service cannot read")
+def test_root_writing_what_no_other_user_can_read_says_so(tmp_path, compiled_root, capsys):
+    """An image built as root with umask 077: the service, another user, can read none of the kernels, and its
+    Triton fails where it misses (it cannot write there). Triton writes so too; unpack and ensure say it when
+    they write, and only then."""
+    from tritonpack.cli import main
+
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    note = ("written as root with umask 077: files 0600, directories 0700: a Triton running as another user can "
+            "read none of it (umask 022 before unpacking lets every user read it)")
+    old = os.umask(0o077)
+    try:
+        for command in ("unpack", "ensure"):
+            for notes in ([note], []):  # the second run writes nothing
+                assert main([command, str(archive), "--cache-dir", str(tmp_path / command)]) == 0
+                assert [n for n in capsys.readouterr().err.splitlines() if n.startswith("written as")] == notes
+    finally:
+        os.umask(old)
 
 
 def test_links_in_the_source_are_never_followed_into_the_archive(tmp_path, compiled_root):

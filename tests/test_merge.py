@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -89,6 +92,50 @@ def test_conflict_is_an_error_naming_the_key_unless_prefer(tmp_path, compiled_ro
     assert len(last.conflicts) == 1 and contents(out) == contents(patched)
     assert str(patched) in last.conflicts[0]
     assert main(["merge", str(whole), "-o", str(out), "--prefer", "middle"]) == 2
+
+
+# Compiles the first test kernel for cuda:90 into a root, from the copy of kernels.py in the working directory.
+COMPILE_HERE = textwrap.dedent("""
+    import os, sys
+    os.environ["TRITON_CACHE_DIR"] = sys.argv[1]
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import kernels
+    fn, signature, constexprs = kernels.SOURCES[0]
+    triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+""")
+
+
+def test_every_conflict_is_counted_and_their_usual_cause_said(tmp_path, compiled_root, halves, capsys):
+    """Per-model archives recorded on other machines: a kernel compiled from its source file at another path has
+    the same cache key and other files (the path is in its IR and metadata), a conflict the user settles with
+    --prefer. The error counts every conflict at once (it named the first only) and says why they usually are."""
+    import kernels
+
+    _, _, whole = halves
+    checkout = tmp_path / "elsewhere"
+    checkout.mkdir()
+    shutil.copy(kernels.__file__, checkout / "kernels.py")
+    moved = tmp_path / "moved"
+    subprocess.run([sys.executable, "-c", COMPILE_HERE, str(moved)], cwd=checkout, check=True, capture_output=True)
+    patched = tmp_path / "patched"
+    shutil.copytree(compiled_root, patched)
+    victim = next(p for p in sorted(patched.glob("*/*.ttir")) if p.parent.name not in {d.name for d in
+                                                                                       moved.iterdir()})
+    victim.write_text(victim.read_text() + "\n// patched\n")
+    other = tmp_path / "other.tpack"
+    tritonpack.pack(moved, other)
+    tritonpack.pack(patched, tmp_path / "patched.tpack")
+    out = tmp_path / "fleet.tpack"
+    assert main(["merge", str(whole), str(other), str(tmp_path / "patched.tpack"), "-o", str(out)]) == 9
+    err = capsys.readouterr().err
+    (key,) = [d.name for d in moved.iterdir()]
+    assert err.startswith(f"error: {other}: {key}/add_kernel (group) differs from {whole}'s, and 1 more entry "
+                          "differs (the same cache key, other files: usually a kernel compiled from a source file at "
+                          "another path") and "--prefer first|last" in err and err.count("\n") == 1
+    assert not out.exists()
+    assert len(tritonpack.merge([whole, other, tmp_path / "patched.tpack"], out, prefer="first").conflicts) == 2
 
 
 def test_two_entries_claiming_one_file_are_refused_and_output_may_be_an_input(tmp_path, compiled_root, halves):

@@ -277,6 +277,21 @@ def test_both_readers_keep_a_linked_key_directory(fast_tmp, archives, overwrite)
     assert len(result.linked) == summary["kept"] == 1
 
 
+def test_both_readers_find_groups_present_through_a_linked_root(fast_tmp, archives):
+    """§8.1's manifest that names the same files: a root unpacked under one path and reached through a symbolic
+    link (``~/.triton -> /cache``) is present, its manifests left as they are."""
+    whole, _ = archives
+    volume = fast_tmp / "volume"
+    for name in ("ref", "spc"):
+        tritonpack.unpack(whole, volume / name, force=True)
+        (fast_tmp / name).symlink_to(volume / name)
+    before = tree(volume)
+    result = tritonpack.unpack(whole, fast_tmp / "ref", force=True)
+    summary = spec_reader.unpack(str(whole), str(fast_tmp / "spc"))
+    assert result.present == summary["present"] == result.entries > 0
+    assert tree(volume) == before
+
+
 def test_neither_reader_opens_a_fifo(fast_tmp, archives):
     """A FIFO is not a regular file, never opened (it would block): in a manifest's place it equals nothing and the
     group is relinked; in a file's place it differs and is replaced (``overwrite``). Each reader runs in a child

@@ -307,7 +307,7 @@ def unpack(
     and the archive is a local file, as the ``tritonpack`` command does. Off by default: inside a program of
     your own, a fork would copy whatever locks its native threads hold.
     """
-    from .cachedest import holds_nothing, materialize, place
+    from .cachedest import holds_nothing, materialize, place, root_only
     from .report import unpack_result
     from .workers import Launcher
 
@@ -333,7 +333,7 @@ def unpack(
         # As done: an entry completed meanwhile by another writer is not rewritten
         return unpack_result(os.fspath(archive), root, written.placements, report, force, written.files,
                              written.bytes, time.perf_counter() - start, reader.index.unknown_entries,
-                             not_selected=len(every) - len(report.verdicts))
+                             not_selected=len(every) - len(report.verdicts), root_only=root_only(written.files))
 
 
 def _taken(entry: Entry, keep: list[int]) -> tuple[Entry, tuple[int, ...] | None]:

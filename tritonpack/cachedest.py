@@ -125,7 +125,7 @@ def _same_file(path: str, size: int, sha256: bytes) -> bool | str | None:
         return False
 
 
-def _read_manifest(path: str):
+def read_manifest(path: str):
     """The parsed manifest; None if absent, ``DIRECTORY`` if a directory stands there, ``{}`` if it is anything
     else but JSON in a regular file (opened without blocking: a FIFO)."""
     try:
@@ -190,6 +190,31 @@ def _others(key_dir: str, manifest, names: Sequence[str]) -> tuple[tuple[str, ..
     return tuple(kept), gone
 
 
+def names_these_files(key_dir: str, manifest, names: Sequence[str]) -> bool:
+    """Whether a parsed manifest lists exactly ``names``, each by an absolute path to the file of that name in
+    ``key_dir`` itself, reached another way: the root (or a directory above it) behind a symbolic link or a bind
+    mount, where Triton reads these very files (spec §8.1). The same directory, by device and inode: no directory
+    has a hard link, so a hard-linked copy of a root is another one, whose removal would break the group."""
+    children = manifest.get("child_paths") if isinstance(manifest, dict) and len(manifest) == 1 else None
+    if not isinstance(children, dict) or children.keys() != set(names):
+        return False
+    same: dict[str, bool] = {}  # a manifest's paths share one directory
+    try:
+        own = os.stat(key_dir)
+        for name, path in children.items():
+            if not isinstance(path, str) or not os.path.isabs(path) or os.path.basename(path) != name:
+                return False
+            directory = os.path.dirname(path)
+            if directory not in same:
+                st = os.stat(directory)
+                same[directory] = (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+            if not same[directory]:
+                return False
+    except (OSError, ValueError):  # gone, unreadable, or a NUL in a path
+        return False
+    return True
+
+
 def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool = False) -> Placement:
     """Compare one entry with what the root holds and decide what to do. ``fresh``: the root held nothing when
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
@@ -220,7 +245,7 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
         if differs:
             return Placement(entry, blobs, REPLACE if overwrite else CONFLICT, todo if overwrite else ())
         return Placement(entry, blobs, WRITE, todo)
-    manifest = _read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
+    manifest = read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
     if manifest == DIRECTORY:
         return Placement(entry, blobs, FILE_IS_DIRECTORY)
     if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
@@ -232,7 +257,8 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
         return Placement(entry, blobs, REPLACE, todo, True, others)
     if todo or gone:  # a manifest whose files are missing is a broken group: repair it
         return Placement(entry, blobs, WRITE, todo, True, others)
-    if manifest == json.loads(manifest_bytes(root, entry, (*entry.file_names, *others))):
+    listed = (*entry.file_names, *others)
+    if manifest == json.loads(manifest_bytes(root, entry, listed)) or names_these_files(key_dir, manifest, listed):
         return Placement(entry, blobs, PRESENT, (), True)
     return Placement(entry, blobs, RELINK, (), True, others)
 
@@ -261,6 +287,20 @@ def atomic_write(directory: str, name: str, data: bytes | memoryview) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def root_only(files_written: int) -> str:
+    """The umask and modes that keep what root just wrote from every other user ("" where it wrote nothing, or is
+    not root, or others may read): an image is built as root and its service often runs as another user, whose
+    Triton then can read none of the kernels (and, where it misses, cannot write there either)."""
+    from .archivedest import current_umask
+
+    if not files_written or os.geteuid() != 0:
+        return ""
+    mask = current_umask()
+    if not mask & 0o005:  # others may read the files and enter the directories
+        return ""
+    return f"umask {mask:03o}: files {0o666 & ~mask:04o}, directories {0o777 & ~mask:04o}"
 
 
 class Written(NamedTuple):

@@ -8,6 +8,8 @@ check that the entries it lists are still there: no index decoding, no Triton im
 Many processes may call it at once (every rank of a job): the first takes an exclusive ``flock`` on
 ``<root>/.tritonpack/lock`` and unpacks; the others wait on the lock, then find the stamp. A process killed while
 unpacking releases the lock with its death and leaves no stamp, so the next caller simply unpacks (idempotent).
+A root this process may not write (a read-only mount, an image's root started as another user) takes no lock and
+keeps no stamp: the unpack then writes nothing when every entry is in place, and fails when one is missing.
 
 An archive behind a URL may be briefly unreachable when a pod starts. Each ensure of a URL also records, beside
 the stamps, which digest that URL (in this environment) last had; when the server cannot be reached or no longer
@@ -17,12 +19,15 @@ A local path that is gone stays an error: an image without its archive is broken
 What the environment key covers: the archive, this tritonpack, the Python ABI and platform, the installed Triton
 (its directory and the size and mtime of ``__init__.py``, ``libtriton`` and the backends directory, which any
 reinstall changes), the variables that may invalidate Triton's cache, the GPUs (``--target`` list, or the models
-and counts read from ``/proc/driver/nvidia`` and the AMD KFD topology, and ``*_VISIBLE_DEVICES``). In-place edits
-of Triton's own sources are not seen by the stamp; ``unpack`` (whose fingerprint hashes every file) sees them.
+and counts read from ``/proc/driver/nvidia`` and the AMD KFD topology, and whether ``CUDA_VISIBLE_DEVICES`` hides
+them all, which is all the GPU probe reads of it: every rank of a job, each given its own GPU, finds one stamp).
+In-place edits of Triton's own sources are not seen by the stamp; ``unpack`` (whose fingerprint hashes every file)
+sees them.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -30,20 +35,24 @@ import os
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from . import __version__
 from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
+from .gpus import cuda_hidden
 from .model import GROUP, manifest_name
-from .report import kept_lines, plural, reasons_to_dicts
+from .report import kept_lines, plural, reasons_to_dicts, root_only_lines
 from .triton_env import cache_root
 
 STAMP_VERSION = 1
-UNPACKED = "unpacked"  # this call ran the unpack
+UNPACKED = "unpacked"  # this call wrote
 PRESENT = "present"  # done before, by this or another process: nothing written
 UNUSABLE = "unusable"  # no entry of the archive would be used here: nothing written
+# Errors that say this process may not write the stamp directory (a read-only mount, a root the image's build owns)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 @dataclass
@@ -65,6 +74,8 @@ class EnsureResult:
     seconds: float = 0.0
     stamp: str = ""
     unreachable: str = ""  # why the archive could not be read, when this result is the stamp of its URL's last ensure
+    unstamped: str = ""  # why no stamp could be written (the next ensure checks the entries again), else ""
+    root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
 
     @property
     def ok(self) -> bool:
@@ -82,7 +93,10 @@ class EnsureResult:
                  ] if self.unreachable else []
         lines += [f"not used here, {n}: {reason}" for reason, n in self.not_used]
         lines += kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
-        return lines + [f"not checked: {note}" for note in self.unchecked]
+        lines += [f"not checked: {note}" for note in self.unchecked]
+        if self.unstamped:
+            lines.append(f"no stamp written ({self.unstamped}): the next ensure checks every entry again")
+        return lines + root_only_lines(self.root_only)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "not_used": reasons_to_dicts(self.not_used), "ok": self.ok}
@@ -151,8 +165,7 @@ def _gpu_identity() -> list:
                     for line in _read(info).splitlines() if line.startswith("Model:"))
     amd = sorted(line.strip() for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties")
                  for line in _read(props).splitlines() if line.startswith("gfx_target_version"))
-    visible = [os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")]
-    return [nvidia, amd, visible]
+    return [nvidia, amd, cuda_hidden()]
 
 
 def environment_key(targets: list[str] | None = None) -> str:
@@ -189,16 +202,28 @@ def _stamped(stamp: str, root: str, archive: str, waited: bool, start: float) ->
         return None
 
 
-@contextlib.contextmanager
-def _exclusive(directory: str):
-    """An exclusive ``flock`` on ``directory/lock``; yields whether another process held it first."""
-    import fcntl
-
+def _lock_file(directory: str) -> int | str:
+    """The lock file's descriptor, or why this process may not write ``directory``."""
     try:
         os.makedirs(directory, exist_ok=True)
-        fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        return os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
+        if e.errno in _NOT_WRITABLE:
+            return f"{directory}: {e.strerror}"
         raise CacheError(f"cannot lock: {e.strerror}", directory) from e
+
+
+@contextlib.contextmanager
+def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
+    """An exclusive ``flock`` on ``directory/lock``; yields whether another process held it first, and why there
+    is no lock ("" when there is one). A directory this process may not write takes none: no unpack can write
+    there either, and one that finds every entry in place writes nothing, so it need not wait for others."""
+    import fcntl
+
+    fd = _lock_file(directory)
+    if isinstance(fd, str):
+        yield False, fd
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -210,7 +235,7 @@ def _exclusive(directory: str):
         os.close(fd)
         raise CacheError(f"cannot lock: {e.strerror}", directory) from e
     try:
-        yield waited
+        yield waited, ""
     finally:
         os.close(fd)  # releases the lock
 
@@ -230,10 +255,11 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
         markers = [os.path.join(e.key, manifest_name(e.name) if e.kind == GROUP else e.name) for e in reader.entries]
     markers = [m for m in markers if os.path.exists(os.path.join(root, m))]
     usable = result.entries - result.not_used_entries
-    return EnsureResult(archive, root, digest, UNPACKED, False, result.entries, usable,
-                        result.written + result.relinked, conflicts=result.conflicts, linked=result.linked,
+    written = result.written + result.relinked
+    return EnsureResult(archive, root, digest, UNPACKED if written else PRESENT, False, result.entries, usable,
+                        written, conflicts=result.conflicts, linked=result.linked,
                         key_not_directory=result.key_not_directory, file_is_directory=result.file_is_directory,
-                        not_used=result.not_used, unchecked=result.unchecked), markers
+                        not_used=result.not_used, unchecked=result.unchecked, root_only=result.root_only), markers
 
 
 def _location_record(stamp_dir: str, location: str, env_key: str) -> str:
@@ -254,17 +280,25 @@ def _recorded_digest(record: str, location: str, env_key: str) -> str | None:
         return None
 
 
-def _record_location(record: str, location: str, env_key: str, digest: str) -> None:
-    """Write the record unless it already names this digest: one small read on the repeat path."""
+def _write_json(path: str, doc: dict) -> str:
+    """Write a stamp or a record; why it could not be written, else "". A stamp only saves the next ensure its
+    check: a root this process may not write (a read-only mount, an image's root) is no error."""
     from .cachedest import atomic_write
 
-    if _recorded_digest(record, location, env_key) == digest:
-        return
-    doc = {"stamp": STAMP_VERSION, "location": location, "environment": env_key, "digest": digest}
     try:
-        atomic_write(os.path.dirname(record), os.path.basename(record), json.dumps(doc, indent=1).encode())
+        atomic_write(os.path.dirname(path), os.path.basename(path), json.dumps(doc, indent=1).encode())
     except OSError as e:
-        raise CacheError(f"cannot write the stamp: {e.strerror}", record) from e
+        return f"{path}: {e.strerror}"
+    return ""
+
+
+def _record_location(record: str, location: str, env_key: str, digest: str) -> str:
+    """Write the record unless it already names this digest (one small read on the repeat path); why it could not
+    be written, else ""."""
+    if _recorded_digest(record, location, env_key) == digest:
+        return ""
+    return _write_json(record, {"stamp": STAMP_VERSION, "location": location, "environment": env_key,
+                                "digest": digest})
 
 
 def _stamp_path(stamp_dir: str, digest: str, env_key: str) -> str:
@@ -280,18 +314,13 @@ def _last_ensured(stamp_dir: str, root: str, location: str, env_key: str, start:
     return result if result is not None and result.digest == digest else None
 
 
-def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> None:
-    from .cachedest import atomic_write
-
+def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> str:
     doc = {"stamp": STAMP_VERSION, "digest": result.digest, "unusable": result.status == UNUSABLE,
            "entries": result.entries, "usable": result.usable, "conflicts": result.conflicts,
            "linked": result.linked, "key_not_directory": result.key_not_directory,
            "file_is_directory": result.file_is_directory,
            "not_used": result.not_used, "unchecked": result.unchecked, "markers": markers}
-    try:
-        atomic_write(os.path.dirname(stamp), os.path.basename(stamp), json.dumps(doc, indent=1).encode())
-    except OSError as e:
-        raise CacheError(f"cannot write the stamp: {e.strerror}", stamp) from e
+    return _write_json(stamp, doc)
 
 
 def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, targets: list[str] | None,
@@ -300,12 +329,12 @@ def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, ta
     stamp = _stamp_path(stamp_dir, digest, env_key)
     result = _stamped(stamp, root, path, False, start)
     if result is None:
-        with _exclusive(stamp_dir) as waited:
+        with _exclusive(stamp_dir) as (waited, unlocked):
             result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
             if result is None:
                 result, markers = _unpack(path, root, digest, targets, processes)
                 result.waited = waited
-                _write_stamp(stamp, result, markers)
+                result.unstamped = unlocked or _write_stamp(stamp, result, markers)
     result.stamp = stamp
     return result
 
@@ -339,7 +368,8 @@ def ensure(
     else:
         result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
         if _is_remote(path):
-            _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
+            unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
+            result.unstamped = result.unstamped or unrecorded
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
         reason = result.not_used[0][0] if result.not_used else "no entry is usable"

@@ -20,6 +20,9 @@ from typing import NamedTuple
 # Names of variables that may invalidate Triton's cache or change a backend hash: all those that Triton's
 # get_cache_invalidating_env_vars() knows begin with one of these.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ALLOW_", "USE_")
+# Of those, the ones that say only where the cache is: an image built with ``--cache-dir`` and run with
+# ``TRITON_CACHE_DIR`` set to the same root must find the build's stamp and fingerprint.
+_LOCATION_VARIABLES = frozenset({"TRITON_CACHE_DIR", "TRITON_HOME"})
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 FINGERPRINT_VERSION = 1
 
@@ -32,8 +35,15 @@ class LocalTriton(NamedTuple):
     cached: bool = False  # served from the fingerprint cache
 
 
-def _cache_home() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def _cache_home() -> str | None:
+    """Where fingerprints are kept; None with no home to keep them in (no ``HOME``, a user the password database
+    does not know, as ``docker run --user 12345`` gives): a directory named ``~`` in the working directory is none."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home == "~":
+            return None
+        base = os.path.join(home, ".cache")
     return os.path.join(base, "tritonpack")
 
 
@@ -67,7 +77,9 @@ def _installed_identity(package: str) -> str:
 
 
 def env_digest(environ: Mapping[str, str]) -> str:
-    items = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES))
+    """A digest of the variables that may change Triton's cache keys or backend hashes."""
+    items = sorted((k, v) for k, v in environ.items()
+                   if k.startswith(_ENV_PREFIXES) and k not in _LOCATION_VARIABLES)
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
@@ -104,10 +116,11 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
         return None
     targets = set(targets)
     wanted = {f"{b}:{a}" for b, a, _ in targets}
-    path = os.path.join(_cache_home(), f"fingerprint-{_installed_identity(package)[:24]}-"
-                                       f"{env_digest(os.environ)[:16]}.json")
+    home = _cache_home() if use_cache else None
+    path = os.path.join(home, f"fingerprint-{_installed_identity(package)[:24]}-"
+                              f"{env_digest(os.environ)[:16]}.json") if home else None
     cached: dict = {}
-    if use_cache:
+    if path:
         with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
             cached = json.load(f)
     if cached.get("version") == version and wanted <= set(cached.get("backend_hashes", {})):
@@ -116,7 +129,7 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
     known = cached.get("backend_hashes", {}) if cached.get("version") == version else {}
     key_sha256, hashes, env = _compute(targets, known)
     result = LocalTriton(version, key_sha256 or cached.get("key_sha256"), hashes, env)
-    if use_cache:
+    if path:
         _store(path, {"version": version, "key_sha256": result.key_sha256, "backend_hashes": hashes, "env": env})
     return result
 

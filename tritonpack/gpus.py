@@ -19,10 +19,16 @@ def _which(name: str) -> str | None:
     return None
 
 
+def cuda_hidden() -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` hides every GPU: the one thing of it the probe reads, since nvidia-smi lists
+    every GPU of the host whichever it names (a rank's own GPU, ``0`` to ``7``)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible is not None and visible.strip() in ("", "-1")
+
+
 def _start_nvidia_smi():
     """nvidia-smi asked for the compute capability of each visible GPU, not waited for; None where there is none."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
+    if cuda_hidden():
         return None
     smi = _which("nvidia-smi")
     if smi is None:

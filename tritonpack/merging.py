@@ -122,6 +122,17 @@ def _producer_words(info: ArchiveInfo) -> str:
     return f"Triton {info.triton.version}{build}, backend hashes for {len(info.triton.backend_hashes)} target(s)"
 
 
+def _conflict_error(clashes: list[tuple[int, str]], names: Sequence[str]) -> ConflictError:
+    """All the entries that differ under one key, in one line: a fleet's merge learns at once how many there are,
+    and why they usually are (the key hashes a kernel's source text, not the path of its file, nor where Triton
+    is installed, which its files name)."""
+    source, first = clashes[0]
+    more = f", and {plural(len(clashes) - 1, 'more entry differs', 'more entries differ')}" if len(clashes) > 1 else ""
+    return ConflictError(f"{first}{more} (the same cache key, other files: usually a kernel compiled from a source "
+                         "file at another path, or by a Triton installed elsewhere; --prefer first|last chooses one)",
+                         names[source])
+
+
 def _check_paths(chosen: dict[tuple[str, str, str], tuple[int, int, Entry]], names: Sequence[str]) -> None:
     """Two different entries must never claim one file; the reader would refuse the output."""
     owner: dict[tuple[str, str], tuple[str, str]] = {}
@@ -165,6 +176,7 @@ def merge(
         chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}
         identical = 0
         conflicts: list[str] = []
+        clashes: list[tuple[int, str]] = []  # (input, what differs from whose): unsettled, without prefer
         for source, reader in enumerate(readers):
             for number, entry in enumerate(reader.entries):
                 if not selection.wants(entry):
@@ -182,11 +194,13 @@ def merge(
                     continue
                 where = f"{entry.key}/{entry.name} ({entry.kind})"
                 if prefer is None:
-                    raise ConflictError(f"{where} differs from {names[first_source]}'s (--prefer first|last chooses "
-                                        "one)", names[source])
+                    clashes.append((source, f"{where} differs from {names[first_source]}'s"))
+                    continue
                 conflicts.append(f"{where}: kept from {names[first_source] if prefer == 'first' else names[source]}")
                 if prefer == "last":
                     chosen[ident] = (source, number, entry)
+        if clashes:
+            raise _conflict_error(clashes, names)
         _check_paths(chosen, names)
         picked = sorted(chosen.values(), key=lambda c: c[2].ident)
         if selection.chooses_kernels and not any(e.kind == GROUP for _, _, e in picked):

@@ -7,9 +7,9 @@ import contextlib
 import os
 from dataclasses import asdict, dataclass, field
 
-from .cachedest import atomic_write, manifest_bytes
+from .cachedest import atomic_write, manifest_bytes, names_these_files, read_manifest
 from .cacheroot import LocalEntry, not_a_root, scan_cache
-from .model import GROUP, manifest_name
+from .model import GROUP, manifest_name, names_of
 
 OK = "ok"
 STALE = "stale"  # resolves, but through another root's files
@@ -133,6 +133,16 @@ def _scanned(cache_dir: str):
     return root, scan
 
 
+def _points_elsewhere(root: str, entry: LocalEntry) -> bool:
+    """Whether a group's manifest points into another root; not one that names its own files another way (the
+    root behind a symbolic link, ``~/.triton -> /cache``), which Triton reads as they are."""
+    if not entry.foreign_manifest:
+        return False
+    key_dir = os.path.join(root, entry.key)
+    manifest = read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
+    return not names_these_files(key_dir, manifest, names_of(entry.files))
+
+
 def verify(cache_dir: str) -> VerifyReport:
     root, scan = _scanned(cache_dir)
     resolves, how = _resolver()
@@ -140,7 +150,7 @@ def verify(cache_dir: str) -> VerifyReport:
     for entry in (e for e in scan.entries if e.kind == GROUP):
         path = f"{entry.key}/{manifest_name(entry.name)}"
         ok = resolves(root, entry)
-        if entry.foreign_manifest:
+        if _points_elsewhere(root, entry):
             state = STALE if ok else BROKEN
             detail = ("points into another root; Triton reads that root's files" if ok else
                       "points into another root that is gone; Triton recompiles (tritonpack relocate fixes it)")
@@ -162,7 +172,7 @@ def relocate(cache_dir: str) -> RelocateReport:
     root, scan = _scanned(cache_dir)
     report = RelocateReport(root)
     for entry in (e for e in scan.entries if e.kind == GROUP):
-        if not entry.foreign_manifest:
+        if not _points_elsewhere(root, entry):
             report.already_ok += 1
             continue
         path = f"{entry.key}/{manifest_name(entry.name)}"

@@ -119,6 +119,7 @@ class UnpackResult(NamedTuple):
     key_not_directory: list[str]  # kept: a file (anything but a directory) where the key directory goes
     file_is_directory: list[str]  # kept: a directory where one of the entry's files goes (never removed)
     not_selected: int = 0  # entries of the archive that the selection (targets, kernel names) left out
+    root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
 
     def summary(self) -> str:
         parts = [f"{self.written} written", f"{self.present} already present"]
@@ -151,7 +152,7 @@ class UnpackResult(NamedTuple):
         if self.unknown_entries:
             lines.append(f"skipped {self.unknown_entries} entries of a kind this tritonpack does not know "
                          "(archive written by a newer version)")
-        return lines
+        return lines + root_only_lines(self.root_only)
 
     def to_dict(self) -> dict:
         return {**self._asdict(), "not_used": reasons_to_dicts(self.not_used)}
@@ -162,8 +163,14 @@ def reasons_to_dicts(reasons: list[tuple[str, int]]) -> list[dict]:
     return [{"reason": reason, "entries": n} for reason, n in reasons]
 
 
+def root_only_lines(root_only: str) -> list[str]:
+    return [f"written as root with {root_only}: a Triton running as another user can read none of it (umask 022 "
+            "before unpacking lets every user read it)"] if root_only else []
+
+
 def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement], report: CheckReport, force: bool,
-                  files: int, size: int, seconds: float, unknown_entries: int, not_selected: int = 0) -> UnpackResult:
+                  files: int, size: int, seconds: float, unknown_entries: int, not_selected: int = 0,
+                  root_only: str = "") -> UnpackResult:
     """What an unpack did, from the final placement of each entry the preflight's ``report`` checked (with
     ``force`` every entry it checked is placed, in its order: ``forced`` counts only those written)."""
     from .cachedest import CONFLICT, FILE_IS_DIRECTORY, KEY_NOT_DIRECTORY, LINKED, PRESENT, RELINK, REPLACE, WRITE
@@ -200,6 +207,7 @@ def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement],
         key_not_directory=named(KEY_NOT_DIRECTORY),
         file_is_directory=named(FILE_IS_DIRECTORY),
         not_selected=not_selected,
+        root_only=root_only,
     )
 
 
