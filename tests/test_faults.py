@@ -35,9 +35,10 @@ def allowed(archive):
     return {k: [v] for k, v in expected_groups(archive).items()}
 
 
-def make_differing_group(root):
-    """Change one file of one group and return the group's directory: the user's own, differing content."""
-    victim = sorted(root.glob("*/*.ttir"))[0]
+def make_differing_group(root, having="*"):
+    """Change one file of one group (one that has a file matching ``having``) and return the group's directory:
+    the user's own, differing content."""
+    victim = sorted(p for p in root.glob("*/*.ttir") if any(p.parent.glob(having)))[0]
     victim.write_text("// the user's own build\n")
     manifest = next(victim.parent.glob("__grp__*.json"))
     children = json.loads(manifest.read_text())["child_paths"]
@@ -291,7 +292,7 @@ def test_what_a_rename_cannot_replace_is_kept_and_named(tmp_path, archive, capsy
     key directory goes is kept without --overwrite and replaced with it. The other entries are unpacked."""
     root = tmp_path / "root"
     tritonpack.unpack(archive, root)
-    key_dir = make_differing_group(root)  # its .ttir: the group is to be replaced, files in manifest order
+    key_dir = make_differing_group(root, "*.cubin")  # its .ttir: to be replaced, files in manifest order
     cubin = next(key_dir.glob("*.cubin"))  # after the .ttir in that order
     cubin.unlink()
     cubin.mkdir()
