@@ -2,20 +2,16 @@
 read back through oras' own manifest API, pull byte-identical, and unpack straight from the registry."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import http.server
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator
 
 import pytest
 
 pytest.importorskip("oras")
 
 from conftest import fifo_reader, snapshot
-from servers import free_port, registry
+from servers import free_port, http_registry, registry
 
 import tritonpack
 from tritonpack.entry import main
@@ -156,53 +152,6 @@ def test_push_and_pull_report_the_same_manifest_digest_and_either_pulls(host, ar
     assert not (tmp_path / "layer.tpack").exists()
 
 
-@contextlib.contextmanager
-def http_registry(answer: Callable[[str, str, int], tuple], bodies: list[tuple[str, bytes]] | None = None,
-                  ) -> Iterator[tuple[str, list[str]]]:
-    """A stand-in registry on 127.0.0.1 that answers ``answer(method, path, times_seen)``: a status, a body and
-    optionally headers; yields its address and the requests it got (``METHOD PATH``), and adds to ``bodies`` each
-    request's body, when one is given."""
-    seen: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def handle_one(self) -> None:
-            request = f"{self.command} {self.path}"
-            seen.append(request)
-            received = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if bodies is not None and received:
-                bodies.append((request, received))
-            status, body, *headers = answer(self.command, self.path, seen.count(request))
-            self.send_response(status)
-            for name, value in (headers[0] if headers else {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = handle_one
-
-        def log_message(self, *args) -> None:
-            pass
-
-    class Server(http.server.ThreadingHTTPServer):
-        daemon_threads = False  # closing waits for every answer: none is left to fail in a later test's output
-
-        def handle_error(self, request, client_address) -> None:
-            pass  # a client that gave up (a timeout) before its answer was written
-
-    server = Server(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 UNKNOWN = json.dumps({"errors": [{"code": "UNKNOWN", "message": "unknown error"}]}).encode()
 
 
@@ -302,31 +251,6 @@ def test_push_sends_the_archive_from_disk_a_mib_at_a_time(host, compiled_root, t
     digest = f"sha256:{hashlib.sha256(archive.read_bytes()).hexdigest()}"
     assert pulled.archive_digest == pushed.archive_digest == digest
     assert (tmp_path / "pulled.tpack").read_bytes() == archive.read_bytes()
-
-
-def test_an_upload_asked_for_credentials_is_sent_whole_again(archive, capfd):
-    """A registry may answer the archive's PUT with a 401 (a token to renew): oras sends the request again, with
-    a token, and the second PUT carries the whole archive too, read again from its start."""
-    bodies: list[tuple[str, bytes]] = []
-    realm: list[str] = []
-    upload = "/v2/triton/kernels/blobs/uploads/session"
-
-    def asking_once(method: str, path: str, times: int) -> tuple:
-        if method == "HEAD" and "/blobs/" in path:
-            return 404, b"{}"
-        if method == "POST":
-            return 202, b"", {"Location": upload}
-        if method == "PUT" and path.startswith(upload + "?") and times == 1:
-            return 401, b"{}", {"Www-Authenticate": f'Bearer realm="{realm[0]}",service="stand-in"'}
-        return (200, b'{"token": "renewed"}') if path.startswith("/token") else (201 if method == "PUT" else 200, b"{}")
-
-    with http_registry(asking_once, bodies) as (address, _):
-        realm.append(f"http://{address}/token")
-        assert main(["push", str(archive), f"oci://{address}/triton/kernels:v1", "-q"]) == 0
-    assert capfd.readouterr() == ("", "")
-    digest = "sha256%3A" + hashlib.sha256(archive.read_bytes()).hexdigest()
-    uploads = [body for request, body in bodies if request == f"PUT {upload}?digest={digest}"]
-    assert uploads == [archive.read_bytes()] * 2, [(r, len(b)) for r, b in bodies]
 
 
 DIGEST = "sha256:" + "0" * 64

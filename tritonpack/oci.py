@@ -27,6 +27,7 @@ from .archive.source import LocalFile
 from .archivedest import archive_file
 from .errors import RemoteError, TpackError, UsageError
 from .model import GROUP, ArchiveInfo, Entry
+from .ociauth import Authenticator
 from .remote import scheme_of
 from .report import human_bytes
 
@@ -169,10 +170,12 @@ class PullResult:
 def _client(ref: Reference, plain_http: bool | None):
     """An oras client; plain HTTP when asked, and by default for loopback registries only (as docker does).
 
-    Its requests go out without oras' ``@retry`` (five tries, 2+3^n s apart: over two minutes before a registry
-    that answers 500 gets its error line) and with ``_once_more_if_transient`` instead; its log records get a
-    ``NullHandler``, so that they never reach standard error through logging's last-resort handler (our one error
-    line already carries the registry's messages)."""
+    Every request of its (blobs, uploads, manifests) goes through ``ociauth.Authenticator`` (credentials and the
+    401 handshake as docker reads and answers them) and ``_once_more_if_transient``, not through oras'
+    ``do_request``, its ``@retry`` (five tries, 2+3^n s apart: over two minutes before a registry that answers
+    500 gets its error line) nor its authentication; its log records get a ``NullHandler``, so that they never
+    reach standard error through logging's last-resort handler (our one error line already carries the
+    registry's messages)."""
     try:
         import oras.client
         import oras.logger
@@ -183,15 +186,15 @@ def _client(ref: Reference, plain_http: bool | None):
         oras_logging.addHandler(logging.NullHandler())
     client = oras.client.OrasClient(hostname=ref.registry,
                                     insecure=ref.loopback if plain_http is None else plain_http)
-    retried = type(client).do_request
-    request_once = getattr(retried, "__wrapped__", retried)
-
-    def do_request(url: str, method: str = "GET", **kwargs) -> requests.Response:
-        return _once_more_if_transient(lambda: request_once(client, url, method, **kwargs), method)
-
-    client.do_request = do_request  # every oras call (blobs, uploads) goes through it
     for scheme in ("http://", "https://"):
         client.session.mount(scheme, _adapter_with_timeout())
+    auth = Authenticator(client.session, ref.registry, str(ref))
+
+    def do_request(url: str, method: str = "GET", data: _FileBody | bytes | None = None, headers: dict | None = None,
+                   stream: bool = False) -> requests.Response:
+        return _once_more_if_transient(lambda: auth.send(method, url, headers, data=data, stream=stream), method)
+
+    client.do_request = do_request  # as oras calls it: get_blob, blob_exists; and _upload_blob, _manifest, push
     return client
 
 
@@ -240,7 +243,7 @@ def _remote(ref: Reference) -> Iterator[None]:
         raise RemoteError(" ".join(str(e).split()), str(ref)) from None
     except OSError as e:  # writing the pulled file
         raise UsageError(f"cannot write: {e.strerror}", e.filename or str(ref)) from None
-    except Exception as e:  # oras' own (authentication) errors
+    except Exception as e:  # anything else oras raises
         raise RemoteError(f"{type(e).__name__}: {' '.join(str(e).split())}", str(ref)) from None
 
 
@@ -281,8 +284,8 @@ def _sha256_file(path: str) -> tuple[str, int]:
 
 class _FileBody:
     """A file as a request body that requests sends with its ``Content-Length``, read a MiB at a time: memory stays
-    bounded whatever the archive's size. Each send reads it from its start, so that a request sent again (oras
-    does, after a 401 that asks for credentials) sends it whole."""
+    bounded whatever the archive's size. Each send reads it from its start, so that a request sent again (after
+    a 401 answered with credentials or a token) sends it whole."""
 
     def __init__(self, path: str, size: int):
         self.path = path
@@ -335,7 +338,6 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
     client = _client(ref, plain_http)
     with _remote(ref):
         container = client.get_container(ref.target)
-        client.auth.load_configs(container)
         _ping(client, ref)
         _upload_blob(client, container, ref, layer, _FileBody(path, size), "uploading the archive")
         _upload_blob(client, container, ref, EMPTY_CONFIG, b"{}", "uploading the empty config")
@@ -358,7 +360,6 @@ def fetch_manifest(reference: str, *, plain_http: bool | None = None) -> dict:
 def _manifest(client, ref: Reference) -> tuple[dict, str]:
     """The manifest and its digest; one asked for by digest is checked against it."""
     container = client.get_container(ref.target)
-    client.auth.load_configs(container)
     _ping(client, ref)
     response = client.do_request(f"{client.prefix}://{container.manifest_url()}", "GET",
                                  headers={"Accept": MANIFEST_MEDIA_TYPE})
