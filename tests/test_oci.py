@@ -264,6 +264,10 @@ DIGEST = "sha256:" + "0" * 64
     ("oci://[::1]:5000/kernels:a.b", Reference("[::1]:5000", "kernels", "a.b"), "oci://[::1]:5000/kernels:a.b", True),
     (f"oci://registry.example/a/b@{DIGEST}", Reference("registry.example", "a/b", None, DIGEST),
      f"oci://registry.example/a/b@{DIGEST}", False),
+    ("oci://docker.io/team/kernels:v2", Reference("registry-1.docker.io", "team/kernels", "v2"),
+     "oci://registry-1.docker.io/team/kernels:v2", False),  # as docker reads Docker Hub's names
+    ("oci://index.docker.io/kernels", Reference("registry-1.docker.io", "library/kernels", "latest"),
+     "oci://registry-1.docker.io/library/kernels:latest", False),
 ])
 def test_references(url, expected, text, loopback):
     ref = parse_reference(url)

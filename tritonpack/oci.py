@@ -49,6 +49,10 @@ RETRY_PAUSE_S = 0.5
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# Docker Hub's names, as docker reads them: its registry answers at registry-1.docker.io, and a repository of one
+# component is an official image's, under library/
+HUB_NAMES = frozenset({"docker.io", "index.docker.io"})
+HUB_REGISTRY = "registry-1.docker.io"
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ def parse_reference(url: str) -> Reference:
             raise UsageError(f"not a valid tag: {tag!r}", url)
     if not _REPOSITORY.fullmatch(repository):
         raise UsageError(f"not a valid repository name (lowercase, / separated): {repository!r}", url)
+    if registry.lower() in HUB_NAMES:
+        registry, repository = HUB_REGISTRY, repository if "/" in repository else f"library/{repository}"
     return Reference(registry, repository, tag, digest or None)
 
 
