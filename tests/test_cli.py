@@ -146,6 +146,7 @@ PARSED_FORMS = [
     ["unpack", "{a}"], ["unpack", "--force", "{a}", "--overwrite", "--target", "cuda:90", "--cache-dir", "/r",
                         "--kernel", "a", "--kernel", "b", "--binary-only", "--json"],
     ["check", "{a}", "--target", "cuda:90", "--target=hip:gfx942", "--quiet"], ["list", "--json", "{a}"],
+    ["list", "-"], ["unpack", "-", "--json", "--cache-dir", "/r"],
 ]
 
 
@@ -367,3 +368,4 @@ def test_skipped_paths_are_objects_in_json():
     expected = [{"path": "k/x.tmp.1", "reason": "temporary file of an unfinished write"}]
     assert json.loads(json.dumps(pack.to_dict()))["skipped"] == expected
     assert json.loads(json.dumps(record.to_dict()))["not_packed"] == expected
+

@@ -109,7 +109,8 @@ def pack(
     show(done)  # once the bar is gone
 
 
-ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."
+ARCHIVE_HELP = ("The .tpack archive: a path, a URL (https://, s3://, hf://, file://), oci://REGISTRY/REPO:TAG, or - "
+                "for standard input (a pipe or a FIFO is first copied to a temp file in TMPDIR).")
 
 
 @app.command()
@@ -265,7 +266,8 @@ def pull(
 @app.command()
 def ensure(
     archive: str = typer.Argument(..., help="The .tpack archive: a path or a URL (https://, s3://, hf://, "
-                                            "file://); an oci:// reference is pulled first (tritonpack pull)."),
+                                            "file://), or - for standard input (read whole at every run); an "
+                                            "oci:// reference is pulled first (tritonpack pull)."),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
@@ -322,7 +324,8 @@ def record(
 
 @app.command()
 def merge(
-    archives: list[str] = typer.Argument(..., help="The archives to merge."),
+    archives: list[str] = typer.Argument(..., help="The archives to merge (paths or URLs, as for unpack; - for "
+                                                   "standard input, once at most)."),
     output: str = typer.Option(..., "-o", "--output", help="Archive to write (may be one of the inputs)."),
     prefer: str | None = typer.Option(None, "--prefer", metavar="first|last",
                                       help="On a conflict (same key, kind and name, different files) keep the "

@@ -89,7 +89,7 @@ def parse_quick(argv: list[str]) -> tuple[str, dict] | None:
         word = rest.pop(0)
         name, equals, value = word.partition("=") if word.startswith("--") else (word, "", "")
         if name not in options:
-            if word.startswith("-") or argument in params:
+            if (word.startswith("-") and word != "-") or argument in params:  # ``-``: standard input, for click too
                 return None  # help, another option, a second argument: the typer CLI says what is wrong
             params[argument] = word
             continue
