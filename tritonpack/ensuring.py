@@ -217,13 +217,13 @@ def _exclusive(directory: str):
 
 def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
             processes: bool) -> tuple[EnsureResult, list[str]]:
-    from .api import check, unpack
     from .api import open as open_archive
+    from .api import unpack
 
     try:
         result = unpack(archive, root, targets=targets, processes=processes)
-    except IncompatibleError:
-        report = check(archive, targets=targets)
+    except IncompatibleError as e:
+        report = e.report
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
                             not_used=report.reasons(), unchecked=report.unchecked), []
     with open_archive(archive) as reader:
@@ -347,5 +347,6 @@ def ensure(
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
         reason = result.not_used[0][0] if result.not_used else "no entry is usable"
-        raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path)
+        raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path,
+                                result=result)
     return result
