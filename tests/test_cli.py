@@ -132,6 +132,7 @@ QUICK_FORMS = [
                                                   "--target", "cuda:80"],
     ["pack", "{missing}", "-o", "{out}/k.tpack"], ["pack", "{a}", "--level", "0", "-o", "{out}/k.tpack"],
     ["pack", "{a}", "--since", "soon", "-o", "{out}/k.tpack"], ["pack", "{bad}", "--level", "1_0"],
+    ["list", "{bad}", "--json"], ["check", "--json", "{missing}"], ["pack", "{missing}", "--json", "-q"],
 ]
 TYPER_FORMS = [
     ["list"], ["list", "--help"], ["list", "{a}", "{a}"], ["list", "{a}", "--json=yes"], ["list", "{a}", "-qq"],
@@ -146,6 +147,7 @@ PARSED_FORMS = [
     ["unpack", "{a}"], ["unpack", "--force", "{a}", "--overwrite", "--target", "cuda:90", "--cache-dir", "/r",
                         "--kernel", "a", "--kernel", "b", "--binary-only", "--json"],
     ["check", "{a}", "--target", "cuda:90", "--target=hip:gfx942", "--quiet"], ["list", "--json", "{a}"],
+    ["list", "-"], ["unpack", "-", "--json", "--cache-dir", "/r"],
 ]
 
 
@@ -367,3 +369,100 @@ def test_skipped_paths_are_objects_in_json():
     expected = [{"path": "k/x.tmp.1", "reason": "temporary file of an unfinished write"}]
     assert json.loads(json.dumps(pack.to_dict()))["skipped"] == expected
     assert json.loads(json.dumps(record.to_dict()))["not_packed"] == expected
+
+
+def _one_json_document(text: str) -> dict:
+    assert text.endswith("\n") and text.count("\n") == 1, text
+    return json.loads(text)
+
+
+def _error_line(error: dict) -> str:
+    return f"error: {error['path']}: {error['message']}\n" if error["path"] else f"error: {error['message']}\n"
+
+
+FAILING = {  # each command with --json, failing: its arguments, exit status and error class
+    "pack": (["{missing}", "-o", "{out}/k.tpack"], 4, "CacheError"),
+    "unpack": (["{missing}", "--cache-dir", "{out}"], 2, "UsageError"),
+    "check": (["{bad}"], 3, "ArchiveError"),
+    "list": (["{bad}", "-q"], 3, "ArchiveError"),
+    "verify": (["{missing}"], 4, "CacheError"),
+    "relocate": (["{missing}"], 4, "CacheError"),
+    "ensure": (["{bad}", "--cache-dir", "{out}"], 3, "ArchiveError"),
+    "merge": (["{a}", "{missing}", "-o", "{out}/m.tpack"], 2, "UsageError"),
+    "push": (["{missing}", "oci://127.0.0.1:1/triton/kernels:x"], 2, "UsageError"),
+    "pull": (["https://example.invalid/k.tpack", "-o", "{out}/k.tpack"], 2, "UsageError"),
+    "record": (["-o", "{a}.recorded", "--", sys.executable, "-c", "raise SystemExit(3)"], 8, "RecordError"),
+}
+
+
+def test_every_command_with_json_that_fails_prints_one_json_document_and_its_error_line(archive, tmp_path, capsys):
+    """A CI script that parses standard output gets the error there too; standard error and the exit status are
+    what they are without --json. Through the entry point: the quick path for list, check, pack and unpack."""
+    from tritonpack import entry
+
+    assert set(FAILING) == set(_commands())
+    (tmp_path / "bad.tpack").write_bytes(b"nope")
+    for command, (args, code, kind) in FAILING.items():
+        assert entry.main([command, "--json", *_fill(args, archive, tmp_path)]) == code, command
+        out, err = capsys.readouterr()
+        doc = _one_json_document(out)
+        assert list(doc) == ["error"] and doc["error"]["kind"] == kind and doc["error"]["exit_code"] == code
+        assert err == _error_line(doc["error"]), command
+    assert sorted(os.listdir(tmp_path)) == ["bad.tpack", "gpu.tpack"]
+
+
+@pytest.fixture()
+def kernels_archive(tmp_path, compiled_root):
+    """Kernels alone (no autotune result, no launcher stub), so that a --target other than theirs refuses all."""
+    path = tmp_path / "kernels.tpack"
+    tritonpack.pack(compiled_root, path)
+    return path
+
+
+@pytest.mark.parametrize("path", ["quick", "typer"])
+def test_a_refused_unpack_prints_the_preflight_as_check_json_does(path, kernels_archive, tmp_path, capsys):
+    from tritonpack import entry
+
+    root = tmp_path / "root"
+    argv = ["unpack", str(kernels_archive), "--cache-dir", str(root), "--target", "cuda:75", "--json"]
+    assert (entry.main if path == "quick" else main)(argv) == 5
+    out, err = capsys.readouterr()
+    doc = _one_json_document(out)
+    assert doc["error"] == {"message": doc["error"]["message"], "path": str(kernels_archive), "exit_code": 5,
+                            "kind": "IncompatibleError"}
+    assert doc["error"]["message"].startswith("none of the ") and err == _error_line(doc["error"])
+    assert main(["check", str(kernels_archive), "--target", "cuda:75", "--json"]) == 5
+    assert doc["preflight"] == json.loads(capsys.readouterr().out)
+    assert doc["preflight"]["usable"] == 0 and doc["preflight"]["reasons"]
+    assert not root.exists()
+
+
+def test_a_refused_strict_ensure_prints_its_result(kernels_archive, tmp_path, capsys):
+    argv = ["ensure", str(kernels_archive), "--cache-dir", str(tmp_path / "root"), "--target", "cuda:75", "--json"]
+    assert main(argv) == 0
+    unusable = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--strict"]) == 5  # from the stamp the first run left
+    out, err = capsys.readouterr()
+    doc = _one_json_document(out)
+    assert doc["error"]["kind"] == "IncompatibleError" and err == _error_line(doc["error"])
+    assert {**doc["result"], "seconds": 0} == {**unusable, "seconds": 0, "status": "unusable"}
+
+
+@pytest.mark.parametrize("cut", ["truncated", "flipped"])
+def test_a_corrupt_archive_is_a_json_error_too(cut, kernels_archive, tmp_path, capsys):
+    data = kernels_archive.read_bytes()
+    bad = tmp_path / "bad.tpack"
+    bad.write_bytes(data[:len(data) // 2] if cut == "truncated" else data[:-80] + bytes([data[-80] ^ 1]) + data[-79:])
+    assert main(["unpack", str(bad), "--cache-dir", str(tmp_path / "root"), "--json"]) == 3
+    out, err = capsys.readouterr()
+    doc = _one_json_document(out)
+    assert doc["error"]["kind"] == ("ArchiveError" if cut == "truncated" else "IntegrityError")
+    assert doc["error"]["path"] == str(bad) and err == _error_line(doc["error"])
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_command_line_click_refuses_prints_no_json(archive, capsys):
+    """As README says: usage errors of the command line itself are the error line alone."""
+    assert main(["list", str(archive), "--json", "--bogus"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: No such option: --bogus")

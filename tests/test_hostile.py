@@ -273,13 +273,11 @@ def test_symlinked_file_is_replaced_never_followed(tmp_path, capsys):
     assert not group_problems(root, {k: [v] for k, v in expected_groups(archive).items()})
 
 
-def test_archive_that_is_not_a_regular_file(tmp_path, capsys):
-    fifo = tmp_path / "fifo.tpack"
-    os.mkfifo(fifo)
-    code, _, err = run_cli(capsys, "list", fifo)  # must not block waiting for a writer
-    assert code == 2 and err.strip() == f"error: {fifo}: not a regular file"
+def test_an_endless_device_is_refused_at_its_first_bytes(tmp_path, capsys):
+    """A character device is read as a stream (``streams``): its header is checked as it arrives, so that
+    ``/dev/zero`` is refused at once, not copied until the temp directory is full. (A FIFO: tests/test_streams.py.)"""
     code, _, err = run_cli(capsys, "unpack", "/dev/zero", "--cache-dir", tmp_path / "root")
-    assert code == 2 and "not a regular file" in err
+    assert code == 3 and err == "error: /dev/zero: not a tpack archive (bad magic)\n"
     assert not (tmp_path / "root").exists()
 
 

@@ -273,7 +273,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     if entries and not report.usable_count and not force:
         reason = report.reasons()[0][0]
         raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
-                                "--force writes them anyway", reader.path)
+                                "--force writes them anyway", reader.path, report=report)
     if force:
         return selected, report
     usable = report.verdicts.usable

@@ -3,7 +3,9 @@
 The entry point (``entry.py``) runs plain ``list`` and ``check`` command lines without importing this module."""
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import typer
@@ -13,6 +15,7 @@ from .archive.format import DEFAULT_LEVEL
 from .commands import (
     STDOUT,
     check_output,
+    json_on_failure,
     list_output,
     pack_output,
     print_error,
@@ -80,7 +83,19 @@ def _emit(result, as_json: bool, quiet: bool) -> None:
     show(reported(result, as_json, quiet))
 
 
+def _json_on_failure(command: Callable) -> Callable:
+    """A command whose ``--json`` prints a JSON document when it fails too (``commands.json_on_failure``). Its
+    signature, which typer reads, stays the command's (``functools.wraps``)."""
+    @functools.wraps(command)
+    def run(**params):
+        with json_on_failure(params["as_json"], params.get("archive")):
+            return command(**params)
+
+    return run
+
+
 @app.command()
+@_json_on_failure
 def pack(
     cache_dir: str | None = typer.Argument(
         None, help="Cache root to pack. Default: Triton's own (TRITON_CACHE_DIR, $TRITON_HOME/.triton/cache, "
@@ -109,10 +124,12 @@ def pack(
     show(done)  # once the bar is gone
 
 
-ARCHIVE_HELP = "The .tpack archive: a path, a URL (https://, s3://, hf://, file://) or oci://REGISTRY/REPO:TAG."
+ARCHIVE_HELP = ("The .tpack archive: a path, a URL (https://, s3://, hf://, file://), oci://REGISTRY/REPO:TAG, or - "
+                "for standard input (a pipe or a FIFO is first copied to a temp file in TMPDIR).")
 
 
 @app.command()
+@_json_on_failure
 def unpack(
     archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     cache_dir: str | None = typer.Option(
@@ -154,6 +171,7 @@ def unpack(
 
 
 @app.command()
+@_json_on_failure
 def check(
     archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
@@ -172,6 +190,7 @@ def check(
 
 
 @app.command()
+@_json_on_failure
 def verify(
     cache_dir: str | None = typer.Argument(None, help="Cache root. Default: Triton's own."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -191,6 +210,7 @@ def verify(
 
 
 @app.command()
+@_json_on_failure
 def relocate(
     cache_dir: str | None = typer.Argument(None, help="Cache root. Default: Triton's own."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -209,6 +229,7 @@ def relocate(
 
 
 @app.command("list")
+@_json_on_failure
 def list_(
     archive: str = typer.Argument(..., help=ARCHIVE_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON document with an `entries` list."),
@@ -226,6 +247,7 @@ PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback reg
 
 
 @app.command()
+@_json_on_failure
 def push(
     archive: str = typer.Argument(..., help="The local .tpack archive."),
     reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG]"),
@@ -245,6 +267,7 @@ def push(
 
 
 @app.command()
+@_json_on_failure
 def pull(
     reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG|@DIGEST]"),
     output: str | None = typer.Option(None, "-o", "--output",
@@ -263,9 +286,11 @@ def pull(
 
 
 @app.command()
+@_json_on_failure
 def ensure(
     archive: str = typer.Argument(..., help="The .tpack archive: a path or a URL (https://, s3://, hf://, "
-                                            "file://); an oci:// reference is pulled first (tritonpack pull)."),
+                                            "file://), or - for standard input (read whole at every run); an "
+                                            "oci:// reference is pulled first (tritonpack pull)."),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
@@ -290,6 +315,7 @@ def ensure(
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@_json_on_failure
 def record(
     command: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to run, after --."),
     output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
@@ -321,8 +347,10 @@ def record(
 
 
 @app.command()
+@_json_on_failure
 def merge(
-    archives: list[str] = typer.Argument(..., help="The archives to merge."),
+    archives: list[str] = typer.Argument(..., help="The archives to merge (paths or URLs, as for unpack; - for "
+                                                   "standard input, once at most)."),
     output: str = typer.Option(..., "-o", "--output", help="Archive to write (may be one of the inputs)."),
     prefer: str | None = typer.Option(None, "--prefer", metavar="first|last",
                                       help="On a conflict (same key, kind and name, different files) keep the "

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from .errors import TpackError, UsageError
+from .errors import IncompatibleError, TpackError, UsageError
 from .safetext import printable
 from .selection import Selection, parse_since
 
@@ -60,6 +60,43 @@ def to_json(doc) -> str:
     import json
 
     return json.dumps(doc, default=str)
+
+
+def failure_document(error: TpackError, archive: str | None = None) -> dict:
+    """What ``--json`` prints for a command that failed: the error as its line on standard error says it, with the
+    exit status and the error's class; a preflight's refusal adds its verdicts (``preflight``, as ``check --json``
+    gives them for ``archive``), ``ensure --strict``'s its result (``result``, as ``ensure --json`` gives it)."""
+    from .entry import exit_code
+
+    doc: dict = {"error": {"message": error.message, "path": error.path, "exit_code": exit_code(error),
+                           "kind": type(error).__name__}}
+    if isinstance(error, IncompatibleError) and error.report is not None:
+        from .listing import check_to_dict
+
+        doc["preflight"] = check_to_dict(error.report, error.path if archive is None else archive)
+    if isinstance(error, IncompatibleError) and error.result is not None:
+        doc["result"] = error.result.to_dict()
+    return doc
+
+
+@contextlib.contextmanager
+def json_on_failure(as_json: bool, archive: str | None = None) -> Iterator[None]:
+    """With ``--json``, a command that fails still prints one JSON document on standard output
+    (``failure_document``), for scripts that parse it; the error goes on as raised, to its line on standard error
+    and its exit status."""
+    try:
+        yield
+    except TpackError as e:
+        if as_json:
+            try:
+                show(Output(to_json(failure_document(e, archive))))
+            except TpackError:  # standard output cannot take it: the error's own line still tells
+                pass
+            except BrokenPipeError:
+                from .entry import closed_pipe
+
+                closed_pipe()
+        raise
 
 
 def reported(result, as_json: bool, quiet: bool) -> Output:

@@ -242,13 +242,13 @@ def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
 
 def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
             processes: bool) -> tuple[EnsureResult, list[str]]:
-    from .api import check, unpack
     from .api import open as open_archive
+    from .api import unpack
 
     try:
         result = unpack(archive, root, targets=targets, processes=processes)
-    except IncompatibleError:
-        report = check(archive, targets=targets)
+    except IncompatibleError as e:
+        report = e.report
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
                             not_used=report.reasons(), unchecked=report.unchecked), []
     with open_archive(archive) as reader:
@@ -351,27 +351,32 @@ def ensure(
 
     Idempotent and near-free when already done; safe when many processes call it at once. When no entry would
     be used here, nothing is written and the result says so (``status == "unusable"``); ``strict`` raises
-    ``IncompatibleError`` instead. ``targets`` and ``processes`` as for ``unpack``.
+    ``IncompatibleError`` instead. ``targets`` and ``processes`` as for ``unpack``. A stream (``-``, standard
+    input) is read whole at every call: its digest is in the trailer at its end.
     """
+    from .streams import kept_streams
+
     start = time.perf_counter()
     path = os.fspath(archive)
     root = os.path.abspath(cache_root(cache_dir))
     stamp_dir = os.path.join(root, STAMP_DIR)
     env_key = environment_key(targets)
-    try:
-        digest = archive_digest(path)
-    except (RemoteError, NotFoundError) as e:
-        result = _last_ensured(stamp_dir, root, path, env_key, start) if _is_remote(path) else None
-        if result is None:
-            raise
-        result.unreachable = e.message
-    else:
-        result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
-        if _is_remote(path):
-            unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
-            result.unstamped = result.unstamped or unrecorded
+    with kept_streams():  # a stream (``-``) gives its bytes once: its copy serves every opening below
+        try:
+            digest = archive_digest(path)
+        except (RemoteError, NotFoundError) as e:
+            result = _last_ensured(stamp_dir, root, path, env_key, start) if _is_remote(path) else None
+            if result is None:
+                raise
+            result.unreachable = e.message
+        else:
+            result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
+            if _is_remote(path):
+                unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
+                result.unstamped = result.unstamped or unrecorded
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
         reason = result.not_used[0][0] if result.not_used else "no entry is usable"
-        raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path)
+        raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path,
+                                result=result)
     return result

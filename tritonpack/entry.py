@@ -89,7 +89,7 @@ def parse_quick(argv: list[str]) -> tuple[str, dict] | None:
         word = rest.pop(0)
         name, equals, value = word.partition("=") if word.startswith("--") else (word, "", "")
         if name not in options:
-            if word.startswith("-") or argument in params:
+            if (word.startswith("-") and word != "-") or argument in params:  # ``-``: standard input, for click too
                 return None  # help, another option, a second argument: the typer CLI says what is wrong
             params[argument] = word
             continue
@@ -134,7 +134,8 @@ def run_quick(argv: list[str]) -> int | None:
     collecting = gc.isenabled()
     gc.disable()  # a short-lived run that makes no cycles: even with the decode's own pause, a list collected 39 times
     try:
-        return commands.show(body(**params))
+        with commands.json_on_failure(params.get("as_json", False), params.get("archive")):
+            return commands.show(body(**params))
     except TpackError as e:
         commands.print_error(f"error: {e}")
         return exit_code(e)

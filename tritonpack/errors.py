@@ -57,7 +57,14 @@ class RemoteError(TpackError):
 
 
 class IncompatibleError(TpackError):
-    """No entry of the archive would be used by the local Triton (see ``check``)."""
+    """No entry of the archive would be used by the local Triton (see ``check``). ``report``: the preflight's
+    ``CheckReport`` that refused; ``result``: ``ensure``'s ``EnsureResult``, where its ``strict`` refused. The
+    command's ``--json`` prints them with the error."""
+
+    def __init__(self, message: str, path: str | None = None, *, report=None, result=None):
+        super().__init__(message, path)
+        self.report = report
+        self.result = result
 
 
 class RecordError(TpackError):

@@ -28,6 +28,7 @@ from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
 from .remote import open_source
 from .report import count_words, human_bytes, kind_counts, plural
 from .selection import EVERYTHING, Selection
+from .streams import STDIN
 
 PREFER = ("first", "last")
 
@@ -171,6 +172,8 @@ def merge(
     created = source_date_epoch()
     start = time.perf_counter()
     names = [os.fspath(p) for p in inputs]
+    if names.count(STDIN) > 1:
+        raise UsageError("standard input gives one archive: name - as one input at most")
     with contextlib.ExitStack() as stack:
         readers = [stack.enter_context(ArchiveReader(open_source(p))) for p in names]
         chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}

@@ -30,6 +30,7 @@ from .model import GROUP, ArchiveInfo, Entry
 from .ociauth import Authenticator
 from .remote import scheme_of
 from .report import human_bytes
+from .streams import STDIN_NAME, is_stdin
 
 if TYPE_CHECKING:
     import requests
@@ -334,6 +335,8 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
     path = os.fspath(archive)
     if scheme_of(path):
         raise UsageError("push needs a local archive file", path)
+    if is_stdin(path):
+        raise UsageError("push uploads an archive file, not a stream: save it to one first", STDIN_NAME)
     with ArchiveReader(path) as reader:
         notes = annotations(reader.info, reader.entries, reader.digest)
     digest, size = _sha256_file(path)

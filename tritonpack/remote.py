@@ -1,7 +1,8 @@
 """Archives that are not local files. ``open_source`` is the one place where an ARCHIVE argument becomes a
-``ByteSource``, chosen by its scheme: a path or ``file://`` URL is read locally, ``oci://`` is pulled to a temp
-file, and any other URL (``https://``, ``http://``, ``s3://``, ``hf://``, ...) is read through fsspec with one
-range request per read, so listing fetches the header, the trailer and the index and nothing else.
+``ByteSource``, chosen by its scheme: a path or ``file://`` URL is read locally (``-`` is standard input; a stream
+is copied first: ``streams``), ``oci://`` is pulled to a temp file, and any other URL (``https://``, ``http://``,
+``s3://``, ``hf://``, ...) is read through fsspec with one range request per read, so listing fetches the header,
+the trailer and the index and nothing else.
 """
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 import re
 
 from .archive.format import TRAILER_SIZE
-from .archive.source import ByteSource, LocalFile
+from .archive.source import ByteSource
 from .errors import NotFoundError, RemoteError, TpackError, UsageError
+from .streams import local_source
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
@@ -27,10 +29,10 @@ def open_source(location: str | os.PathLike) -> ByteSource:
     """The ``ByteSource`` for a path or URL. Raises ``UsageError`` for what cannot be opened as named."""
     scheme = scheme_of(location)
     if scheme == "":
-        return LocalFile(location)
+        return local_source(location)
     url = os.fspath(location)
     if scheme == "file":
-        return LocalFile(file_url_path(url), url)
+        return local_source(file_url_path(url), url)
     if scheme == "oci":
         from .oci import pull_to_temp
 

@@ -21,31 +21,48 @@ class ByteSource(Protocol):
     def close(self) -> None: ...
 
 
+def open_local(path: str, name: str | None = None) -> int:
+    """A descriptor of the archive at ``path``, opened without blocking (so that a FIFO's open never waits for a
+    writer); anything but a directory. Errors name ``name`` (the path by default): a missing path or a directory
+    is a usage error (2), a filesystem's no (permissions, too many open files) a cache error (4)."""
+    if not path.strip():
+        raise UsageError("the archive's path given is empty (an unset variable?)", name)
+    name = path if name is None else name
+    path = os.path.expanduser(path)  # as a shell would, where none did (the API)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UsageError("no such archive", name) from None
+    except IsADirectoryError:
+        raise UsageError("is a directory, not an archive", name) from None
+    except OSError as e:
+        raise CacheError(f"cannot open: {e.strerror}", name) from None  # a filesystem's no (4), not usage
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError("is a directory, not an archive", name)
+    return fd
+
+
 class LocalFile:
     """A local archive file, read with ``pread`` (no shared file position, so threads may read at once)."""
 
     def __init__(self, path: str | os.PathLike, name: str | None = None):
-        """``name``: what errors call it, where that is not the path (the ``file://`` URL it was given as)."""
+        """``name``: what errors call it, where that is not the path (the ``file://`` URL it was given as). Only a
+        regular file can be read by offset: anything else is refused (``streams`` copies a stream first)."""
         path = os.fspath(path)
         self.name = path if name is None else name
-        if not path.strip():
-            raise UsageError("the archive's path given is empty (an unset variable?)", name)
-        path = os.path.expanduser(path)  # as a shell would, where none did (the API)
-        try:
-            # Non-blocking, so that a FIFO named as the archive cannot hang the open; only a regular file can be
-            # read by offset.
-            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise UsageError("no such archive", self.name) from None
-        except IsADirectoryError:
-            raise UsageError("is a directory, not an archive", self.name) from None
-        except OSError as e:
-            raise CacheError(f"cannot open: {e.strerror}", self.name) from None  # a filesystem's no (4), not usage
-        mode = os.fstat(self._fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(self._fd)
-            what = "is a directory, not an archive" if stat.S_ISDIR(mode) else "not a regular file"
-            raise UsageError(what, self.name)
+        fd = open_local(path, name)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UsageError("not a regular file", self.name)
+        self._fd = fd
+
+    @classmethod
+    def opened(cls, fd: int, name: str) -> LocalFile:
+        """The regular file already open as ``fd`` (standard input, a stream's copy); closed with the source."""
+        source = cls.__new__(cls)
+        source._fd, source.name = fd, name
+        return source
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
