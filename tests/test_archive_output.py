@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pty
 import shutil
 import signal
 import stat
@@ -85,15 +86,31 @@ def test_a_fifo_is_written_in_place_and_its_reader_gets_the_whole_archive(comman
     assert sorted(os.listdir(tmp_path)) == ["got.tpack", "pipe"]
 
 
+@pytest.mark.parametrize("output", ["/dev/stdout", "-"])
 @pytest.mark.parametrize("as_json", [False, True], ids=["summary", "json"])
 @pytest.mark.parametrize("command", ["pack", "merge"])
-def test_an_archive_written_to_standard_output_gets_no_summary_in_it(command, as_json, inputs, expected):
-    """``pack -o /dev/stdout | aws s3 cp - ...``: the summary (or JSON) goes to standard error instead."""
-    words = [w for w in argv(command, inputs, "/dev/stdout") if w != "-q"] + (["--json"] if as_json else [])
+def test_an_archive_written_to_standard_output_gets_no_summary_in_it(command, as_json, output, inputs, expected):
+    """``pack -o - | aws s3 cp - ...``: the summary (or JSON) goes to standard error instead."""
+    words = [w for w in argv(command, inputs, output) if w != "-q"] + (["--json"] if as_json else [])
     out = subprocess.run([sys.executable, "-m", "tritonpack", *words], capture_output=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected[command]
-    assert (b'"archive": "/dev/stdout"' if as_json else b" -> /dev/stdout\n") in out.stderr
+    assert (f'"archive": "{output}"' if as_json else f" -> {output}\n").encode() in out.stderr
+
+
+def test_standard_output_on_a_terminal_gets_no_archive(inputs, tmp_path):
+    """As tar refuses: the terminal would fill with binary. Refused before any work, nothing written."""
+    leader, follower = pty.openpty()
+    try:
+        out = subprocess.run([sys.executable, "-m", "tritonpack", *argv("pack", inputs, "-")], stdout=follower,
+                             stderr=subprocess.PIPE, cwd=tmp_path)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert out.returncode == 2
+    assert out.stderr.decode().splitlines()[-1] == ("error: -: standard output is a terminal: pipe the archive "
+                                                    "into a command, or redirect it")
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("target", ["existing", "dangling"])

@@ -58,9 +58,12 @@ def progress_counter(total: int, progress: Progress | None):
 def refuse_output_inside(root: str, output, what: str = "the cache it packs") -> None:
     """Pack never changes its source, nor record the roots its command uses: not even an archive (or its temp
     file) may land inside the root, nor the target of a link that ``-o`` names. ``what`` names the root."""
-    from .archivedest import destination
+    from .archivedest import STDOUT, destination
 
-    where = os.path.dirname(os.path.realpath(destination(os.fspath(output)).path))
+    target = destination(os.fspath(output))
+    if target.path == STDOUT:
+        return
+    where = os.path.dirname(os.path.realpath(target.path))
     source = os.path.realpath(root)
     if os.path.isdir(source) and os.path.commonpath([where, source]) == source:
         raise UsageError(f"the archive would be written inside {what}; choose another -o", os.fspath(output))

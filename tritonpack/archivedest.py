@@ -6,7 +6,8 @@ renamed over it, so that a reader sees the old archive or the whole new one, nev
 followed: the temp file goes beside the link's final target, which is replaced, and the link stays a link. An
 output that exists and is not a regular file (a character device such as ``/dev/null`` or ``/dev/stdout``, a FIFO)
 is written in place, from its start, as ``tar -cf`` writes one: there is nothing to replace there, and a rename
-would put a regular file where the device was. A directory is an error.
+would put a regular file where the device was. ``-`` is standard output, written as it stands (``pack -o - |
+ssh host tritonpack unpack -``), but never a terminal. A directory is an error.
 
 While the temp file exists a SIGTERM, which is how pods and CI jobs are stopped, is raised as ``Terminated`` in the
 main thread, as Ctrl-C raises ``KeyboardInterrupt``, so that the temp file is removed on the way out: before, each
@@ -26,6 +27,7 @@ from typing import BinaryIO, NamedTuple
 from .errors import CacheError, Terminated, UsageError
 
 TEMP_PREFIX, TEMP_SUFFIX = ".tpack-", ".tmp"
+STDOUT = "-"  # as an output: standard output
 
 
 class Destination(NamedTuple):
@@ -37,6 +39,10 @@ def destination(output: str) -> Destination:
     """Where an archive named ``output`` goes, decided once for every command that writes one."""
     if not output.strip():
         raise UsageError("the archive's path given is empty (an unset variable?)")
+    if output == STDOUT:
+        if os.isatty(1):  # refused before any work, as tar refuses: it would fill the terminal with binary
+            raise UsageError("standard output is a terminal: pipe the archive into a command, or redirect it", output)
+        return Destination(output, True)
     output = os.path.expanduser(output)  # as a shell would, where none did (the API, -o=~/k.tpack)
     try:
         mode = os.stat(output).st_mode
@@ -59,7 +65,7 @@ def archive_file(output: str) -> Iterator[tuple[BinaryIO, str | None]]:
     target = destination(output)
     with _terminated_as_exception() as held:
         if target.in_place:
-            with _opened_in_place(target.path) as out:
+            with _standard_output() if target.path == STDOUT else _opened_in_place(target.path) as out:
                 yield out, None
             return
         directory = os.path.dirname(target.path)
@@ -85,6 +91,14 @@ def archive_file(output: str) -> Iterator[tuple[BinaryIO, str | None]]:
                 if tmp is not None:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
+
+
+def _standard_output() -> BinaryIO:
+    """Standard output, for an archive written to a pipe or a redirect."""
+    try:
+        return os.fdopen(os.dup(1), "wb")
+    except OSError as e:
+        raise CacheError(f"cannot write the archive to standard output: {e.strerror}", STDOUT) from None
 
 
 def _opened_in_place(output: str) -> BinaryIO:

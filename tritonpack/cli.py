@@ -100,7 +100,7 @@ def pack(
     cache_dir: str | None = typer.Argument(
         None, help="Cache root to pack. Default: Triton's own (TRITON_CACHE_DIR, $TRITON_HOME/.triton/cache, "
                    "~/.triton/cache)."),
-    output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
+    output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write (- for standard output)."),
     level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
     arch: list[str] | None = typer.Option(None, "--arch", help=ARCH_HELP),
     kernel: list[str] | None = typer.Option(None, "--kernel", help=KERNEL_HELP),
@@ -271,7 +271,8 @@ def push(
 def pull(
     reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG|@DIGEST]"),
     output: str | None = typer.Option(None, "-o", "--output",
-                                      help="File to write. Default: the name it was pushed under."),
+                                      help="File to write (- for standard output). Default: the name it was "
+                                           "pushed under."),
     plain_http: bool = typer.Option(False, "--plain-http", help=PLAIN_HTTP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
@@ -318,7 +319,7 @@ def ensure(
 @_json_on_failure
 def record(
     command: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to run, after --."),
-    output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write."),
+    output: str = typer.Option("kernels.tpack", "-o", "--output", help="Archive to write (- for standard output)."),
     level: int = typer.Option(DEFAULT_LEVEL, "--level", help="zstd level, 1-22."),
     allow_failure: bool = typer.Option(False, "--allow-failure",
                                        help="Pack what the command used even if it exits with an error."),
@@ -351,7 +352,8 @@ def record(
 def merge(
     archives: list[str] = typer.Argument(..., help="The archives to merge (paths or URLs, as for unpack; - for "
                                                    "standard input, once at most)."),
-    output: str = typer.Option(..., "-o", "--output", help="Archive to write (may be one of the inputs)."),
+    output: str = typer.Option(..., "-o", "--output",
+                               help="Archive to write (may be one of the inputs; - for standard output)."),
     prefer: str | None = typer.Option(None, "--prefer", metavar="first|last",
                                       help="On a conflict (same key, kind and name, different files) keep the "
                                            "entry of the first or the last archive that has it."),

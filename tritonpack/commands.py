@@ -108,12 +108,16 @@ def reported(result, as_json: bool, quiet: bool) -> Output:
         return Output()
     else:
         output = Output(printable(result.summary()), tuple(result.notes()))
-    if _is_standard_output(getattr(result, "archive", None)):
+    if _is_standard_output(getattr(result, "written_archive", None)):
         return Output(None, (*output.err, output.out), output.code)
     return output
 
 
 def _is_standard_output(path: str | None) -> bool:
+    from .archivedest import STDOUT as ARCHIVE_TO_STDOUT
+
+    if path == ARCHIVE_TO_STDOUT:
+        return True
     try:
         return path is not None and sys.stdout is not None and os.path.samestat(os.stat(path),
                                                                                 os.fstat(sys.stdout.fileno()))

@@ -63,6 +63,11 @@ class MergeResult:
     unknown_entries: int  # entries of kinds this tritonpack does not know: not carried over
     producer: str  # what the output's producer maps say, in words
 
+    @property
+    def written_archive(self) -> str:
+        """The archive this command wrote: where it is standard output, the summary goes to standard error."""
+        return self.archive
+
     def summary(self) -> str:
         count = plural(sum(self.entries.values()), "entry", "entries")
         parts = [f"{plural(self.identical, 'duplicate')} stored once"] if self.identical else []

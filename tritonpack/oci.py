@@ -163,6 +163,11 @@ class PullResult:
     annotations: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
+    @property
+    def written_archive(self) -> str:
+        """The archive this command wrote: where it is standard output, the summary goes to standard error."""
+        return self.output
+
     def summary(self) -> str:
         return (f"pulled {self.reference} ({human_bytes(self.size)}) in {self.seconds:.2f} s -> {self.output}: "
                 f"{self.digest}")

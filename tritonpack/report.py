@@ -65,6 +65,11 @@ class PackResult(NamedTuple):
     triton_note: str | None = None  # why the archive records less than the local Triton's fingerprint
 
     @property
+    def written_archive(self) -> str:
+        """The archive this command wrote: where it is standard output, the summary goes to standard error."""
+        return self.archive
+
+    @property
     def ratio(self) -> float:
         return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
 
