@@ -264,3 +264,15 @@ def test_sigterm_reaches_the_recorded_command_and_packs_nothing(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # told, ended, and reaped by tritonpack
     assert not out.exists() and os.listdir(tmp_path) == ["started"]
+
+
+def test_record_to_standard_output_keeps_the_command_s_output_out_of_the_archive(tmp_path):
+    """``record -o - -- CMD | ...``: standard output is the archive's, so the command's own goes to stderr."""
+    (tmp_path / "compile.py").write_text(COMPILE)
+    done = subprocess.run([sys.executable, "-m", "tritonpack", "record", "-o", "-", "--", sys.executable,
+                           "compile.py", "1"], cwd=tmp_path, capture_output=True,
+                          env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "root")})
+    assert done.returncode == 0, done.stderr
+    assert b"compiled 1" in done.stderr and b" -> -\n" in done.stderr
+    (tmp_path / "got.tpack").write_bytes(done.stdout)
+    assert groups_of(tmp_path / "got.tpack") == {("softmax_kernel", "cuda:90")}

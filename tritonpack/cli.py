@@ -343,7 +343,7 @@ def record(
     from .recording import record as record_command
 
     result = record_command(command, output, level=level, allow_failure=allow_failure,
-                            stdout=2 if as_json else None)  # fd 2: stderr
+                            stdout=2 if as_json or output == "-" else None)  # fd 2: stderr; stdout is ours
     _emit(result, as_json, quiet)
 
 

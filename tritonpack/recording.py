@@ -266,11 +266,11 @@ class RecordResult:
     triton_version: str | None = None
 
     @property
-    @property
     def written_archive(self) -> str:
         """The archive this command wrote: where it is standard output, the summary goes to standard error."""
         return self.archive
 
+    @property
     def compiled(self) -> int:
         return sum(1 for r in self.recorded if r.writes)
 
