@@ -156,8 +156,9 @@ def test_copied_cache_verify_relocate_and_hits(tmp_path, capsys):
 
     assert main(["relocate", str(c)]) == 0
     assert f"relocated {len(SOURCES) * len(targets())} manifests" in capsys.readouterr().out
-    assert main(["relocate", str(c)]) == 0  # idempotent
-    assert "relocated 0 manifests" in capsys.readouterr().out
+    assert main(["relocate", str(c), "--json"]) == 0  # idempotent
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"cache_dir": str(c), "fixed": [], "already_ok": len(SOURCES) * len(targets()), "not_fixed": []}
     assert main(["verify", str(c)]) == 0
 
     before = snapshot(c)

@@ -64,6 +64,9 @@ class RelocateReport:
     def notes(self) -> list[str]:
         return _alike_lines(("not fixed", reason, path) for path, reason in self.not_fixed)
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
 
 def _alike_lines(problems) -> list[str]:
     """One line per kind of problem (``(label, detail, group path)``), with a few of its groups: a copied root of
@@ -75,9 +78,6 @@ def _alike_lines(problems) -> list[str]:
         alike.setdefault((label, detail), []).append(path)
     return [f"{label}: {plural(len(paths), 'group')}: {detail}: {shown(paths)}"
             for (label, detail), paths in alike.items()]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 _GROUP_SKIPS = {"incomplete group": INCOMPLETE, "unreadable manifest": UNREADABLE,
