@@ -290,8 +290,8 @@ def pull(
 @_json_on_failure
 def ensure(
     archive: str = typer.Argument(..., help="The .tpack archive: a path or a URL (https://, s3://, hf://, "
-                                            "file://), or - for standard input (read whole at every run); an "
-                                            "oci:// reference is pulled first (tritonpack pull)."),
+                                            "file://), or - for standard input (read whole at every run); not an "
+                                            "oci:// reference: pull it once (tritonpack pull), then ensure the file."),
     cache_dir: str | None = typer.Option(
         None, "--cache-dir", help="Cache root to fill. Default: Triton's own, as for pack."),
     target: list[str] | None = typer.Option(None, "--target", help=TARGET_HELP),
