@@ -4,6 +4,7 @@ refused; a failure or a SIGTERM leaves what was there, and no temp file."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import shutil
@@ -310,3 +311,15 @@ def test_sigterm_stops_a_write_with_exit_143_and_leaves_nothing_behind(command, 
     assert (out / "kernels.tpack").read_bytes() == previous
     assert bool(children) == (command == "pack")  # the helpers
     assert not [pid for pid in children if alive(pid)]
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["entry", "typer"])
+def test_a_failure_s_json_stays_out_of_an_archive_written_to_standard_output(quick, tmp_path):
+    """``pack -o - --json | ...``: the failure's JSON document goes to standard error, not down the pipe."""
+    module = "entry" if quick else "cli"
+    out = subprocess.run([sys.executable, "-c", f"import sys; from tritonpack.{module} import main; "
+                          "sys.exit(main(sys.argv[1:]))", "pack", str(tmp_path / "missing"), "-o", "-", "--json"],
+                         capture_output=True)
+    assert out.returncode != 0 and out.stdout == b""
+    document = next(line for line in out.stderr.decode().splitlines() if line.startswith("{"))
+    assert json.loads(document)["error"]["path"] == str(tmp_path / "missing")

@@ -88,7 +88,7 @@ def _json_on_failure(command: Callable) -> Callable:
     signature, which typer reads, stays the command's (``functools.wraps``)."""
     @functools.wraps(command)
     def run(**params):
-        with json_on_failure(params["as_json"], params.get("archive")):
+        with json_on_failure(params["as_json"], params.get("archive"), params.get("output")):
             return command(**params)
 
     return run

@@ -80,16 +80,18 @@ def failure_document(error: TpackError, archive: str | None = None) -> dict:
 
 
 @contextlib.contextmanager
-def json_on_failure(as_json: bool, archive: str | None = None) -> Iterator[None]:
+def json_on_failure(as_json: bool, archive: str | None = None, output: str | None = None) -> Iterator[None]:
     """With ``--json``, a command that fails still prints one JSON document on standard output
-    (``failure_document``), for scripts that parse it; the error goes on as raised, to its line on standard error
-    and its exit status."""
+    (``failure_document``), for scripts that parse it; on standard error where the archive it writes
+    (``output``) is standard output. The error goes on as raised, to its line on standard error and its exit
+    status."""
     try:
         yield
     except TpackError as e:
         if as_json:
+            document = to_json(failure_document(e, archive))
             try:
-                show(Output(to_json(failure_document(e, archive))))
+                show(Output(err=(document,)) if _is_standard_output(output) else Output(document))
             except TpackError:  # standard output cannot take it: the error's own line still tells
                 pass
             except BrokenPipeError:

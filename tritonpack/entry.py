@@ -134,7 +134,7 @@ def run_quick(argv: list[str]) -> int | None:
     collecting = gc.isenabled()
     gc.disable()  # a short-lived run that makes no cycles: even with the decode's own pause, a list collected 39 times
     try:
-        with commands.json_on_failure(params.get("as_json", False), params.get("archive")):
+        with commands.json_on_failure(params.get("as_json", False), params.get("archive"), params.get("output")):
             return commands.show(body(**params))
     except TpackError as e:
         commands.print_error(f"error: {e}")
