@@ -434,6 +434,8 @@ def test_a_refused_unpack_prints_the_preflight_as_check_json_does(path, kernels_
     assert main(["check", str(kernels_archive), "--target", "cuda:75", "--json"]) == 5
     assert doc["preflight"] == json.loads(capsys.readouterr().out)
     assert doc["preflight"]["usable"] == 0 and doc["preflight"]["reasons"]
+    others = len(doc["preflight"]["reasons"]) - 1  # the message gives the first, and counts the others
+    assert (f"and {others} other reason" in doc["error"]["message"]) == (others > 0)
     assert not root.exists()
 
 

@@ -265,6 +265,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     Raises ``IncompatibleError`` when none of them would be used here, unless ``force``.
     """
     from .compat import check_entries
+    from .report import plural
 
     every = reader.entries
     selected = array("I", (n for n, e in enumerate(every) if selection.wants(e)))
@@ -274,8 +275,9 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
         raise UsageError(f"no kernel of the {kernels} in the archive matches --arch or --kernel", reader.path)
     report = check_entries(entries, reader.info, environment(entries, targets, gpus))
     if entries and not report.usable_count and not force:
-        reason = report.reasons()[0][0]
-        raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reason}); "
+        reasons = report.reasons()
+        more = f"; and {plural(len(reasons) - 1, 'other reason')}, as check lists them" if len(reasons) > 1 else ""
+        raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reasons[0][0]}{more}); "
                                 "--force writes them anyway", reader.path, report=report)
     if force:
         return selected, report
