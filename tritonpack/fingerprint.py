@@ -92,6 +92,12 @@ def _read_version(package: str) -> str | None:
     return match.group(1) if match else None
 
 
+def installed_version() -> str | None:
+    """The installed Triton's version, read from its ``__init__.py`` without importing it; None without Triton."""
+    package = _package_dir()
+    return _read_version(package) if package else None
+
+
 def _compute(targets: Iterable[tuple[str, str | int, int]], known: dict[str, str]) -> tuple[str | None, dict, dict]:
     """The slow path: import Triton, hash it, ask it for backend hashes and the invalidating variables."""
     from .triton_env import triton_info

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -13,23 +14,49 @@ from .errors import UsageError
 from .model import PythonInfo, TritonInfo
 
 
+def release_of(version: str | None) -> tuple[int, int] | None:
+    """``(3, 2)`` of ``"3.2.0"`` (or of ``"3.2.0+git1234"``); None when there is no version or it does not read."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+_NEWEST = (1 << 16, 0)  # the rule of the newest Triton, where none is installed
+
+
 def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
-    """Triton's own resolution: ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~``'s.
+    """Triton's own resolution, by the rule of the installed Triton, which changed:
+    ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~/.triton/cache``.
+
+    - 3.0-3.1 know no ``TRITON_HOME``.
+    - 3.0-3.3 strip ``TRITON_CACHE_DIR`` and take an empty one for unset. 3.4+ cannot compile with an empty one,
+      which is refused here. 3.4 strips both variables, 3.5+ take their values as they are (an empty
+      ``TRITON_HOME`` is the current directory).
 
     Implemented from the environment rather than by importing Triton, so it costs nothing and works without
-    Triton; it is the rule of ``triton.knobs.cache.dir`` (3.4+, and of 3.2-3.3's cache manager): the variables'
-    values as they are, an empty ``TRITON_HOME`` included (then ``.triton/cache`` under the current directory).
-    An empty ``TRITON_CACHE_DIR`` is refused: Triton 3.4+ cannot compile with it (3.3 and older ignored it).
+    Triton (then by the newest rule); the installed version is read only where the rules differ.
     """
     env = os.environ if environ is None else environ
-    explicit = env.get("TRITON_CACHE_DIR")
+    explicit, home = env.get("TRITON_CACHE_DIR"), env.get("TRITON_HOME")
+    if explicit and explicit == explicit.strip():
+        return explicit  # the same root in every release
+    if explicit is None and home is None:
+        return os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    from .fingerprint import installed_version
+
+    release = release_of(installed_version()) or _NEWEST
     if explicit is not None:
-        if not explicit.strip():
-            raise UsageError("TRITON_CACHE_DIR is set but empty, which Triton 3.4+ cannot use: unset it, or name the "
-                             "cache root")
-        return explicit
-    home = env.get("TRITON_HOME")
-    return os.path.join(os.path.expanduser("~") if home is None else home, ".triton", "cache")
+        if release <= (3, 4):
+            explicit = explicit.strip()
+        if explicit.strip():
+            return explicit
+        if release >= (3, 4):
+            raise UsageError("TRITON_CACHE_DIR is set but empty, which Triton 3.4+ cannot use: unset it, or name "
+                             "the cache root")
+    if home is None or release < (3, 2):
+        home = os.path.expanduser("~")
+    elif release == (3, 4):
+        home = home.strip()
+    return os.path.join(home, ".triton", "cache")
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> str:
