@@ -367,3 +367,44 @@ def test_archive_of_an_earlier_writer_judges_the_autotune_result_by_its_kernels(
     write_archive(str(archive), scan_cache(str(gpu_cache)).entries, ArchiveInfo("1.0.0", (1, 0), None, None, packer))
     tuned, _ = autotune_verdict(archive)
     assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
+
+
+@pytest.mark.parametrize(("theirs", "releases"), [("3.0.0", "3.0-3.1"), ("3.2.0", "3.2")])
+def test_cache_of_a_triton_before_3_3_packed_beside_another_is_judged_by_its_keys(tmp_path, compiled_root, theirs,
+                                                                                  releases, capsys):
+    """Kernels of Triton before 3.3 name no version, and their keys are hex (3.0-3.1) or urlsafe base64 (3.2),
+    which no later Triton looks up. Packed beside another Triton, here, they are not recorded as its kernels
+    (they were: the preflight then passed them all), and the preflight refuses them by their keys, as it refuses
+    them in an archive whose writer recorded the packing Triton. Beside kernels of this Triton they make a cache
+    of several Tritons."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+    from tritonpack.triton_env import releases_keyed_as
+
+    if releases_keyed_as(HERE_VERSION) == releases:
+        pytest.skip(f"Triton {HERE_VERSION} writes keys as Triton {theirs} does")
+    old = tmp_path / "old"
+    assert main(["unpack", str(FIXTURES / "archives" / f"triton-{theirs}.tpack"), "--cache-dir", str(old), "--force",
+                 "-q"]) == 0
+    archive = tmp_path / "old.tpack"
+    assert main(["pack", str(old), "-o", str(archive)]) == 0
+    assert (f"kernels that name no Triton version, keyed by Triton {releases}, Triton here is {HERE_VERSION}: the "
+            "archive records none; the preflight judges them by their keys' encoding") in capsys.readouterr().err
+    with tritonpack.open(archive) as reader:
+        assert reader.info.triton is None
+    local = local_triton({("cuda", 90, 32)})
+    earlier = tmp_path / "earlier.tpack"
+    write_archive(str(earlier), scan_cache(str(old)).entries,
+                  ArchiveInfo("1.0.0", (1, 0), None, None, TritonInfo(local.version, local.key_sha256, {})))
+    for packed in (archive, earlier):
+        assert main(["check", str(packed)]) == 5
+        assert f"6 entries: Triton: archive {releases} (by its key's encoding), here {HERE_VERSION}" in \
+            capsys.readouterr().out
+        assert main(["unpack", str(packed), "--cache-dir", str(tmp_path / "root")]) == 5
+        assert not (tmp_path / "root").exists()
+    old_keys = {p.name for p in old.iterdir()}
+    shutil.copytree(compiled_root, old, dirs_exist_ok=True)
+    assert main(["pack", str(old), "-o", str(tmp_path / "mixed.tpack")]) == 0
+    assert f"{releases} by their keys: 6 kernels" in capsys.readouterr().err
+    report = tritonpack.check(tmp_path / "mixed.tpack")
+    assert {v.entry.key for v in report.unusable} == old_keys

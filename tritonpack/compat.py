@@ -16,6 +16,7 @@ from .fingerprint import LocalTriton
 from .gpus import Target
 from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo
 from .report import entries as count_entries
+from .triton_env import key_releases, releases_keyed_as
 
 TRITON = "triton"
 BACKEND = "backend"
@@ -175,6 +176,16 @@ def _check_triton(compiler: TritonInfo | None, local: LocalTriton) -> list[Misma
     return []
 
 
+def _check_key(entry: Entry, local: LocalTriton) -> list[Mismatch]:
+    """A key in another release's encoding, which this Triton never looks up, whatever the archive says of the
+    Triton that compiled it: kernels before 3.3 name no version, and an archive of them packed beside another
+    Triton records that one."""
+    theirs, ours = key_releases(entry.key), releases_keyed_as(local.version)
+    if theirs is None or ours is None or theirs == ours:
+        return []
+    return [Mismatch(TRITON, f"{theirs} (by its key's encoding)", local.version)]
+
+
 def _check_backend(entry: Entry, compiler: TritonInfo | None, local: LocalTriton) -> list[Mismatch]:
     k = entry.kernel
     if k is None or compiler is None:
@@ -254,11 +265,10 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
         else:
             if env.triton is not None:
                 compiler = _compiler(entry, info, unowned)
-                found += _check_triton(compiler, env.triton)
-                if compiler is None:
-                    no_compiler += 1
-                elif not found and not compiler.key_sha256:
-                    by_version += 1
+                found += _check_triton(compiler, env.triton) or _check_key(entry, env.triton)
+                if not found:
+                    no_compiler += compiler is None
+                    by_version += compiler is not None and not compiler.key_sha256
                 if entry.kind == GROUP and not found:
                     found += _check_backend(entry, compiler, env.triton)
                 if entry.kind == GROUP:

@@ -20,6 +20,26 @@ def release_of(version: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+# One sha256 names a key directory, in the encoding of its Triton's release: hex before 3.2, urlsafe base64 in 3.2,
+# base32 since 3.3 (``get_cache_manager``). A Triton never looks up a key in another encoding.
+_KEY_ENCODINGS = ((re.compile(r"[0-9a-f]{64}"), "3.0-3.1"), (re.compile(r"[A-Za-z0-9_-]{43}"), "3.2"),
+                  (re.compile(r"[A-Z2-7]{52}"), "3.3+"))
+
+
+def key_releases(key: str) -> str | None:
+    """The Triton releases that name a key directory so (``"3.0-3.1"``, ``"3.2"``, ``"3.3+"``); None for another
+    form."""
+    return next((releases for pattern, releases in _KEY_ENCODINGS if pattern.fullmatch(key)), None)
+
+
+def releases_keyed_as(version: str | None) -> str | None:
+    """The releases (as ``key_releases`` says them) whose keys a Triton version writes; None for no version."""
+    release = release_of(version)
+    if release is None:
+        return None
+    return "3.0-3.1" if release < (3, 2) else "3.2" if release == (3, 2) else "3.3+"
+
+
 _NEWEST = (1 << 16, 0)  # the rule of the newest Triton, where none is installed
 
 
