@@ -22,6 +22,7 @@ from tritonpack.model import ArchiveInfo, TritonInfo  # noqa: E402
 HERE_VERSION = triton.__version__
 VERSION_ARCHIVES = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
 GOLDEN = FIXTURES / "golden" / "h200-triton36-v1.0.tpack"  # the H200 cache, packed by its own Triton 3.6
+INVALIDATING = "TRITON_DISABLE_LINE_INFO"  # in every release's key (TRITON_DEFAULT_FP_FUSION: from 3.2)
 
 
 def archive_version(path: Path) -> str:
@@ -47,18 +48,18 @@ def test_archive_of_another_triton_is_refused_and_force_writes_it(tmp_path, arch
 
 
 def test_env_var_set_at_pack_time_is_flagged_by_name(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setenv(INVALIDATING, "1")
     root = tmp_path / "cache"
     compile_all(root)
     archive = tmp_path / "k.tpack"
     tritonpack.pack(root, archive)
     assert main(["check", str(archive)]) == 0  # same environment: usable
     capsys.readouterr()
-    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    monkeypatch.delenv(INVALIDATING)
     assert main(["check", str(archive), "--json"]) == 5
     doc = json.loads(capsys.readouterr().out)
     mismatch = doc["entries"][0]["mismatches"][0]
-    assert mismatch["factor"] == "env" and mismatch["archive"].startswith("TRITON_DEFAULT_FP_FUSION=")
+    assert mismatch["factor"] == "env" and mismatch["archive"].startswith(f"{INVALIDATING}=")
     assert mismatch["here"] == "unset"
 
 
@@ -123,9 +124,9 @@ def test_fingerprint_is_cached_and_keyed_by_environment(monkeypatch):
     first = local_triton({("cuda", 90, 32)})
     again = local_triton({("cuda", 90, 32)})
     assert again.cached and again == first._replace(cached=True)
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    monkeypatch.setenv(INVALIDATING, "0")
     changed = local_triton({("cuda", 90, 32)})
-    assert not changed.cached and changed.env.get("TRITON_DEFAULT_FP_FUSION") in ("0", "false", "False")
+    assert not changed.cached and changed.env.get(INVALIDATING) in ("0", "false", "False")
 
 
 def test_a_user_with_no_home_keeps_no_fingerprint_and_makes_no_tilde_directory(tmp_path, monkeypatch):
@@ -408,3 +409,4 @@ def test_cache_of_a_triton_before_3_3_packed_beside_another_is_judged_by_its_key
     assert f"{releases} by their keys: 6 kernels" in capsys.readouterr().err
     report = tritonpack.check(tmp_path / "mixed.tpack")
     assert {v.entry.key for v in report.unusable} == old_keys
+
