@@ -410,3 +410,25 @@ def test_cache_of_a_triton_before_3_3_packed_beside_another_is_judged_by_its_key
     report = tritonpack.check(tmp_path / "mixed.tpack")
     assert {v.entry.key for v in report.unusable} == old_keys
 
+
+def test_root_of_kernels_from_before_and_after_3_3_packed_by_the_older_triton(tmp_path, gpu_cache, monkeypatch,
+                                                                              capsys):
+    """A root kept across a PyTorch upgrade, packed and checked by its older Triton (here, said to be 3.0.0): its
+    own kernels, which name no version, are neither recorded as nor judged by the 3.6 kernels beside them (the
+    archive recorded Triton 3.6.0, and the preflight refused this Triton's kernels for it)."""
+    root = tmp_path / "root"
+    assert main(["unpack", str(FIXTURES / "archives" / "triton-3.0.0.tpack"), "--cache-dir", str(root), "--force",
+                 "-q"]) == 0
+    old_keys = {p.name for p in root.iterdir()}
+    shutil.copytree(gpu_cache, root, dirs_exist_ok=True)
+    fingerprint = local_triton({("cuda", 90, 32)})
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton",
+                        lambda *a, **k: fingerprint._replace(version="3.0.0"))
+    archive = tmp_path / "k.tpack"
+    assert main(["pack", str(root), "-o", str(archive)]) == 0
+    assert (f"kernels compiled by several Tritons (3.0.0: 6 kernels, {FIXTURE_TRITON}: 5 kernels), Triton here is "
+            "3.0.0: the archive records none") in capsys.readouterr().err
+    report = tritonpack.check(archive, ["cuda:90", "cuda:80"])
+    assert {v.entry.key for v in report.usable} == old_keys
+    assert all(v.entry.kind == "file" or v.mismatches[0] == ("triton", FIXTURE_TRITON, "3.0.0")
+               for v in report.unusable)

@@ -89,12 +89,17 @@ def _compiling_triton(compilers: Counter[str], unnamed: Counter[str | None], loc
     from .report import plural
 
     here = f"Triton here is {local.version}" if local else "Triton is not importable here"
-    ours = releases_keyed_as(local.version) if local else None
-    # kernels that name no version, with keys another release writes: not this Triton's, whatever else is packed
-    keyed = {r: n for r, n in unnamed.items() if ours and r and r != ours}
-    tritons = compilers + Counter({f"{r} by their keys": n for r, n in keyed.items()})
-    if len(tritons) > 1:
-        most_first = sorted(tritons.items(), key=lambda vn: (-vn[1], vn[0]))
+    # kernels that name no version are this Triton's when their keys are in its release's encoding, else another's
+    tritons, keyed = Counter(compilers), Counter()
+    if local is not None:
+        for releases, n in unnamed.items():
+            if releases == releases_keyed_as(local.version):
+                tritons[local.version] += n
+            elif releases is not None:
+                keyed[releases] += n
+    everyone = tritons + Counter({f"{releases} by their keys": n for releases, n in keyed.items()})
+    if len(everyone) > 1:
+        most_first = sorted(everyone.items(), key=lambda vn: (-vn[1], vn[0]))
         counts = ", ".join(f"{v}: {plural(n, 'kernel')}" for v, n in most_first)
         return None, (f"kernels compiled by several Tritons ({counts}), {here}: the archive records none; each "
                       "kernel is judged by its own version only, and autotune results, which name none, are "
@@ -102,7 +107,7 @@ def _compiling_triton(compilers: Counter[str], unnamed: Counter[str | None], loc
     if keyed:
         return None, (f"kernels that name no Triton version, keyed by Triton {next(iter(keyed))}, {here}: the "
                       "archive records none; the preflight judges them by their keys' encoding")
-    compiler = next(iter(compilers), None)
+    compiler = next(iter(tritons), None)
     if local is not None and compiler in (None, local.version):
         return TritonInfo(local.version, local.key_sha256,
                           {t: h for t, h in local.backend_hashes.items() if t in targets}), None

@@ -156,10 +156,12 @@ def _attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | Non
 
 def _compiler(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> TritonInfo | None:
     """What the archive says of the Triton that compiled ``entry``: its build key and backend hashes only when
-    the archive's record is of the version the entry names."""
+    the archive's record is of the version the entry names. A kernel that names none (before 3.3) is not held to a
+    Triton whose release writes its key in another encoding (a root of kernels from before and after 3.3)."""
     own = entry.kernel.triton_version if entry.kernel else None
     if own is None:
-        return unowned
+        theirs = key_releases(entry.key) if entry.kind == GROUP and unowned is not None else None
+        return None if theirs is not None and theirs != releases_keyed_as(unowned.version) else unowned
     if info.triton is not None and info.triton.version == own:
         return info.triton
     return TritonInfo(own, None, {})
