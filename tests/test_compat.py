@@ -432,3 +432,51 @@ def test_root_of_kernels_from_before_and_after_3_3_packed_by_the_older_triton(tm
     assert {v.entry.key for v in report.usable} == old_keys
     assert all(v.entry.kind == "file" or v.mismatches[0] == ("triton", FIXTURE_TRITON, "3.0.0")
                for v in report.unusable)
+
+
+def hip_archive(path: Path, compiled_root: Path, backend_hash: str) -> Path:
+    """An archive of one kernel, said to be compiled for hip:gfx942 by this Triton with ``backend_hash``."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    entry = next(e for e in scan_cache(str(compiled_root)).entries if e.kind == "group")
+    entry = entry._replace(kernel=entry.kernel._replace(backend="hip", arch="gfx942", warp_size=64))
+    local = local_triton()
+    write_archive(str(path), [entry], ArchiveInfo("1.0.0", (1, 0), None, None,
+                                                  TritonInfo(local.version, local.key_sha256,
+                                                             {"hip:gfx942": backend_hash})))
+    return path
+
+
+def test_amd_backend_of_triton_before_3_5_is_named_by_its_linker(tmp_path, compiled_root, monkeypatch):
+    """Triton 3.0-3.4 hash the AMD backend with ``ld.lld --version``: a mismatch names both linkers."""
+    linked = "Debian LLD 19.1.7 (compatible with GNU linkers)\n-GPUTarget(backend='hip', arch='gfx942', warp_size=64)"
+    archive = hip_archive(tmp_path / "hip.tpack", compiled_root, linked)
+    here = local_triton()._replace(backend_hashes={"hip:gfx942": "AMD LLD 17.0.0 (/ROCm/llvm 6.2)\n-GPUTarget(...)"})
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton", lambda *a, **k: here)
+    [verdict] = tritonpack.check(archive, ["hip:gfx942"]).verdicts
+    assert [str(m) for m in verdict.mismatches] == ["backend: archive ld.lld 19.1.7, here ld.lld 17.0.0"]
+
+
+def test_a_backend_this_triton_cannot_hash_is_said_unchecked_and_asked_once(tmp_path, compiled_root, monkeypatch):
+    """Triton 3.0-3.4 run ROCm's ld.lld even to hash the AMD backend: without it, a kernel for hip:gfx942 is not
+    checked against its backend hash, and says so (it passed unsaid); the fingerprint remembers that it could not
+    be computed (every check imported Triton and hashed it again: 0.4 s for 0.06 s)."""
+    from tritonpack import triton_env
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    real = triton_env._backend_hash
+    asked = []
+
+    def no_linker(backend, arch, warp_size):
+        asked.append(backend)
+        return None if backend == "hip" else real(backend, arch, warp_size)
+
+    monkeypatch.setattr(triton_env, "_backend_hash", no_linker)
+    archive = hip_archive(tmp_path / "hip.tpack", compiled_root, "GPUTarget('hip', 'gfx942', 64)")
+    report = tritonpack.check(archive, ["hip:gfx942"])
+    assert report.usable_count == 1
+    assert ("1 entry for hip:gfx942: this Triton cannot compute the backend hash (its toolchain, e.g. ROCm's ld.lld, "
+            "is missing), so the backend was not checked") in report.unchecked
+    assert asked == ["hip"]
+    assert local_triton({("hip", "gfx942", 64)}).cached and asked == ["hip"]
