@@ -117,9 +117,9 @@ def triton_version() -> str | None:
 
 def _triton_key_function():
     try:
-        from triton.runtime.cache import triton_key  # 3.4+
+        from triton.runtime.cache import triton_key  # 3.5+
     except ImportError:
-        from triton.compiler.compiler import triton_key  # 3.0-3.3
+        from triton.compiler.compiler import triton_key  # 3.0-3.4
     return triton_key
 
 
