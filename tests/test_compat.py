@@ -22,6 +22,7 @@ from tritonpack.model import ArchiveInfo, TritonInfo  # noqa: E402
 HERE_VERSION = triton.__version__
 VERSION_ARCHIVES = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
 GOLDEN = FIXTURES / "golden" / "h200-triton36-v1.0.tpack"  # the H200 cache, packed by its own Triton 3.6
+INVALIDATING = "TRITON_DISABLE_LINE_INFO"  # in every release's key (TRITON_DEFAULT_FP_FUSION: from 3.2)
 
 
 def archive_version(path: Path) -> str:
@@ -47,18 +48,18 @@ def test_archive_of_another_triton_is_refused_and_force_writes_it(tmp_path, arch
 
 
 def test_env_var_set_at_pack_time_is_flagged_by_name(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setenv(INVALIDATING, "1")
     root = tmp_path / "cache"
     compile_all(root)
     archive = tmp_path / "k.tpack"
     tritonpack.pack(root, archive)
     assert main(["check", str(archive)]) == 0  # same environment: usable
     capsys.readouterr()
-    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    monkeypatch.delenv(INVALIDATING)
     assert main(["check", str(archive), "--json"]) == 5
     doc = json.loads(capsys.readouterr().out)
     mismatch = doc["entries"][0]["mismatches"][0]
-    assert mismatch["factor"] == "env" and mismatch["archive"].startswith("TRITON_DEFAULT_FP_FUSION=")
+    assert mismatch["factor"] == "env" and mismatch["archive"].startswith(f"{INVALIDATING}=")
     assert mismatch["here"] == "unset"
 
 
@@ -123,9 +124,9 @@ def test_fingerprint_is_cached_and_keyed_by_environment(monkeypatch):
     first = local_triton({("cuda", 90, 32)})
     again = local_triton({("cuda", 90, 32)})
     assert again.cached and again == first._replace(cached=True)
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    monkeypatch.setenv(INVALIDATING, "0")
     changed = local_triton({("cuda", 90, 32)})
-    assert not changed.cached and changed.env.get("TRITON_DEFAULT_FP_FUSION") in ("0", "false", "False")
+    assert not changed.cached and changed.env.get(INVALIDATING) in ("0", "false", "False")
 
 
 def test_a_user_with_no_home_keeps_no_fingerprint_and_makes_no_tilde_directory(tmp_path, monkeypatch):
@@ -368,3 +369,115 @@ def test_archive_of_an_earlier_writer_judges_the_autotune_result_by_its_kernels(
     write_archive(str(archive), scan_cache(str(gpu_cache)).entries, ArchiveInfo("1.0.0", (1, 0), None, None, packer))
     tuned, _ = autotune_verdict(archive)
     assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
+
+
+@pytest.mark.parametrize(("theirs", "releases"), [("3.0.0", "3.0-3.1"), ("3.2.0", "3.2")])
+def test_cache_of_a_triton_before_3_3_packed_beside_another_is_judged_by_its_keys(tmp_path, compiled_root, theirs,
+                                                                                  releases, capsys):
+    """Kernels of Triton before 3.3 name no version, and their keys are hex (3.0-3.1) or urlsafe base64 (3.2),
+    which no later Triton looks up. Packed beside another Triton, here, they are not recorded as its kernels
+    (they were: the preflight then passed them all), and the preflight refuses them by their keys, as it refuses
+    them in an archive whose writer recorded the packing Triton. Beside kernels of this Triton they make a cache
+    of several Tritons."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+    from tritonpack.triton_env import releases_keyed_as
+
+    if releases_keyed_as(HERE_VERSION) == releases:
+        pytest.skip(f"Triton {HERE_VERSION} writes keys as Triton {theirs} does")
+    old = tmp_path / "old"
+    assert main(["unpack", str(FIXTURES / "archives" / f"triton-{theirs}.tpack"), "--cache-dir", str(old), "--force",
+                 "-q"]) == 0
+    archive = tmp_path / "old.tpack"
+    assert main(["pack", str(old), "-o", str(archive)]) == 0
+    assert (f"kernels that name no Triton version, keyed by Triton {releases}, Triton here is {HERE_VERSION}: the "
+            "archive records none; the preflight judges them by their keys' encoding") in capsys.readouterr().err
+    with tritonpack.open(archive) as reader:
+        assert reader.info.triton is None
+    local = local_triton({("cuda", 90, 32)})
+    earlier = tmp_path / "earlier.tpack"
+    write_archive(str(earlier), scan_cache(str(old)).entries,
+                  ArchiveInfo("1.0.0", (1, 0), None, None, TritonInfo(local.version, local.key_sha256, {})))
+    for packed in (archive, earlier):
+        assert main(["check", str(packed)]) == 5
+        assert f"6 entries: Triton: archive {releases} (by its key's encoding), here {HERE_VERSION}" in \
+            capsys.readouterr().out
+        assert main(["unpack", str(packed), "--cache-dir", str(tmp_path / "root")]) == 5
+        assert not (tmp_path / "root").exists()
+    old_keys = {p.name for p in old.iterdir()}
+    shutil.copytree(compiled_root, old, dirs_exist_ok=True)
+    assert main(["pack", str(old), "-o", str(tmp_path / "mixed.tpack")]) == 0
+    assert f"{releases} by their keys: 6 kernels" in capsys.readouterr().err
+    report = tritonpack.check(tmp_path / "mixed.tpack")
+    assert {v.entry.key for v in report.unusable} == old_keys
+
+
+def test_root_of_kernels_from_before_and_after_3_3_packed_by_the_older_triton(tmp_path, gpu_cache, monkeypatch,
+                                                                              capsys):
+    """A root kept across a PyTorch upgrade, packed and checked by its older Triton (here, said to be 3.0.0): its
+    own kernels, which name no version, are neither recorded as nor judged by the 3.6 kernels beside them (the
+    archive recorded Triton 3.6.0, and the preflight refused this Triton's kernels for it)."""
+    root = tmp_path / "root"
+    assert main(["unpack", str(FIXTURES / "archives" / "triton-3.0.0.tpack"), "--cache-dir", str(root), "--force",
+                 "-q"]) == 0
+    old_keys = {p.name for p in root.iterdir()}
+    shutil.copytree(gpu_cache, root, dirs_exist_ok=True)
+    fingerprint = local_triton({("cuda", 90, 32)})
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton",
+                        lambda *a, **k: fingerprint._replace(version="3.0.0"))
+    archive = tmp_path / "k.tpack"
+    assert main(["pack", str(root), "-o", str(archive)]) == 0
+    assert (f"kernels compiled by several Tritons (3.0.0: 6 kernels, {FIXTURE_TRITON}: 5 kernels), Triton here is "
+            "3.0.0: the archive records none") in capsys.readouterr().err
+    report = tritonpack.check(archive, ["cuda:90", "cuda:80"])
+    assert {v.entry.key for v in report.usable} == old_keys
+    assert all(v.entry.kind == "file" or v.mismatches[0] == ("triton", FIXTURE_TRITON, "3.0.0")
+               for v in report.unusable)
+
+
+def hip_archive(path: Path, compiled_root: Path, backend_hash: str) -> Path:
+    """An archive of one kernel, said to be compiled for hip:gfx942 by this Triton with ``backend_hash``."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    entry = next(e for e in scan_cache(str(compiled_root)).entries if e.kind == "group")
+    entry = entry._replace(kernel=entry.kernel._replace(backend="hip", arch="gfx942", warp_size=64))
+    local = local_triton()
+    write_archive(str(path), [entry], ArchiveInfo("1.0.0", (1, 0), None, None,
+                                                  TritonInfo(local.version, local.key_sha256,
+                                                             {"hip:gfx942": backend_hash})))
+    return path
+
+
+def test_amd_backend_of_triton_before_3_5_is_named_by_its_linker(tmp_path, compiled_root, monkeypatch):
+    """Triton 3.0-3.4 hash the AMD backend with ``ld.lld --version``: a mismatch names both linkers."""
+    linked = "Debian LLD 19.1.7 (compatible with GNU linkers)\n-GPUTarget(backend='hip', arch='gfx942', warp_size=64)"
+    archive = hip_archive(tmp_path / "hip.tpack", compiled_root, linked)
+    here = local_triton()._replace(backend_hashes={"hip:gfx942": "AMD LLD 17.0.0 (/ROCm/llvm 6.2)\n-GPUTarget(...)"})
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton", lambda *a, **k: here)
+    [verdict] = tritonpack.check(archive, ["hip:gfx942"]).verdicts
+    assert [str(m) for m in verdict.mismatches] == ["backend: archive ld.lld 19.1.7, here ld.lld 17.0.0"]
+
+
+def test_a_backend_this_triton_cannot_hash_is_said_unchecked_and_asked_once(tmp_path, compiled_root, monkeypatch):
+    """Triton 3.0-3.4 run ROCm's ld.lld even to hash the AMD backend: without it, a kernel for hip:gfx942 is not
+    checked against its backend hash, and says so (it passed unsaid); the fingerprint remembers that it could not
+    be computed (every check imported Triton and hashed it again: 0.4 s for 0.06 s)."""
+    from tritonpack import triton_env
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    real = triton_env._backend_hash
+    asked = []
+
+    def no_linker(backend, arch, warp_size):
+        asked.append(backend)
+        return None if backend == "hip" else real(backend, arch, warp_size)
+
+    monkeypatch.setattr(triton_env, "_backend_hash", no_linker)
+    archive = hip_archive(tmp_path / "hip.tpack", compiled_root, "GPUTarget('hip', 'gfx942', 64)")
+    report = tritonpack.check(archive, ["hip:gfx942"])
+    assert report.usable_count == 1
+    assert ("1 entry for hip:gfx942: this Triton cannot compute the backend hash (its toolchain, e.g. ROCm's ld.lld, "
+            "is missing), so the backend was not checked") in report.unchecked
+    assert asked == ["hip"]
+    assert local_triton({("hip", "gfx942", 64)}).cached and asked == ["hip"]

@@ -84,12 +84,11 @@ def test_eight_unpackers_and_two_compiles_into_one_root(tmp_path, compiled_root)
 WRITER = """
 import sys, triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels import SOURCES
+from kernels import SOURCES, source
 fn, signature, constexprs = SOURCES[0]
 for block in [2 ** i for i in range(4, 15)] * 2:
     for warps in (1, 2, 4):
-        triton.compile(ASTSource(fn=fn, signature=signature, constexprs={"BLOCK": block}),
+        triton.compile(source(fn, signature, {"BLOCK": block}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 """
 

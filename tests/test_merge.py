@@ -100,10 +100,8 @@ COMPILE_HERE = textwrap.dedent("""
     os.environ["TRITON_CACHE_DIR"] = sys.argv[1]
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     import kernels
-    fn, signature, constexprs = kernels.SOURCES[0]
-    triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    triton.compile(kernels.source(*kernels.SOURCES[0]), target=GPUTarget("cuda", 90, 32))
 """)
 
 

@@ -28,11 +28,9 @@ COMPILE = textwrap.dedent(f"""
     sys.path.insert(0, {TESTS!r})
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from kernels import SOURCES
+    from kernels import SOURCES, source
     for i in map(int, sys.argv[1].split(",")):
-        fn, signature, constexprs = SOURCES[i]
-        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+        triton.compile(source(*SOURCES[i]), target=GPUTarget("cuda", 90, 32))
     print("compiled", sys.argv[1])
     sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
 """)

@@ -234,38 +234,81 @@ def test_a_block_that_expands_past_any_fixed_ratio_is_unpacked(tmp_path, compile
     assert contents(out) == contents(root)
 
 def test_default_root_is_tritons(tmp_path, archive, monkeypatch):
+    """``$TRITON_HOME/.triton/cache``, but in Triton 3.0-3.1, which know no ``TRITON_HOME``: ``~/.triton/cache``."""
+    from kernels import TRITON_VERSION
+
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    expected = tmp_path / ("user" if TRITON_VERSION < (3, 2) else "home") / ".triton" / "cache"
     result = tritonpack.unpack(archive)
-    assert result.cache_dir == str(tmp_path / "home" / ".triton" / "cache")
-    assert list((tmp_path / "home" / ".triton" / "cache").glob("*/__grp__*.json"))
+    assert result.cache_dir == str(expected)
+    assert list(expected.glob("*/__grp__*.json"))
 
 
 @pytest.mark.parametrize("environ", [{"TRITON_HOME": ""}, {"TRITON_HOME": "rel"}, {"TRITON_HOME": "~/t"},
-                                     {"TRITON_CACHE_DIR": " /tmp/x "}, {"TRITON_CACHE_DIR": "rel/c"}, {}],
-                         ids=["empty-home", "relative-home", "tilde-home", "spaced-dir", "relative-dir", "none"])
-def test_the_default_root_is_the_one_triton_resolves(environ, tmp_path):
-    """Compared with the installed Triton's own ``knobs.cache.dir`` (3.4+), in a process of that environment: an
-    empty ``TRITON_HOME`` is ``.triton/cache`` under the current directory, and values are taken as they are."""
+                                     {"TRITON_HOME": " /tmp/h "}, {"TRITON_HOME": "/tmp/h"},
+                                     {"TRITON_CACHE_DIR": " /tmp/x "}, {"TRITON_CACHE_DIR": "rel/c"},
+                                     {"TRITON_CACHE_DIR": ""}, {}],
+                         ids=["empty-home", "relative-home", "tilde-home", "spaced-home", "home", "spaced-dir",
+                              "relative-dir", "empty-dir", "none"])
+def test_the_default_root_is_the_one_triton_resolves(environ, tmp_path, monkeypatch):
+    """Compared with the root the installed Triton's own cache manager takes, in a process of that environment (the
+    rule changed across releases: ``triton_env.default_cache_dir``); where Triton cannot take one, it is refused."""
+    from tritonpack.errors import UsageError
     from tritonpack.triton_env import default_cache_dir
 
-    ours = default_cache_dir(environ)
-    from kernels import TRITON_VERSION
-
-    if TRITON_VERSION < (3, 4):
-        pytest.skip("Triton before 3.4 has no knobs to ask")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_HOME", "TRITON_CACHE_DIR")}
-    theirs = subprocess.run([sys.executable, "-c", "import triton; print(triton.knobs.cache.dir, end='')"],
-                            env={**env, **environ}, capture_output=True, text=True, cwd=tmp_path, check=True).stdout
-    assert ours == theirs
+    env = {**env, **environ, "HOME": str(tmp_path / "user")}
+    monkeypatch.setenv("HOME", env["HOME"])
+    try:
+        ours = default_cache_dir(env)
+    except UsageError:
+        ours = None
+    code = "import os; from triton.runtime.cache import FileCacheManager as M; print(M('K' * 52).cache_dir, end='')"
+    theirs = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert ours == (os.path.dirname(theirs.stdout) if theirs.returncode == 0 else None), theirs.stderr[-300:]
+
+
+@pytest.mark.parametrize(("version", "environ", "expected"), [
+    ("3.0.0", {"TRITON_HOME": "/h"}, "~/.triton/cache"),
+    ("3.1.0", {"TRITON_CACHE_DIR": " /c "}, "/c"),
+    ("3.2.0", {"TRITON_HOME": " /h "}, " /h /.triton/cache"),
+    ("3.3.1", {"TRITON_CACHE_DIR": " ", "TRITON_HOME": "/h"}, "/h/.triton/cache"),
+    ("3.4.0", {"TRITON_HOME": " /h "}, "/h/.triton/cache"),
+    ("3.4.0", {"TRITON_CACHE_DIR": " "}, None),
+    ("3.5.1", {"TRITON_HOME": " /h "}, " /h /.triton/cache"),
+    ("3.5.1", {"TRITON_CACHE_DIR": ""}, None),
+    (None, {"TRITON_HOME": ""}, ".triton/cache"),
+], ids=["3.0-no-home", "3.1-strips-dir", "3.2-home-as-is", "3.3-empty-dir-unset", "3.4-strips-home",
+        "3.4-empty-dir", "3.5-as-is", "3.5-empty-dir", "no-triton"])
+def test_the_default_root_follows_each_releases_rule(version, environ, expected, monkeypatch):
+    """The rules of the releases the suite does not run (checked against each one's cache manager by hand)."""
+    from tritonpack.errors import UsageError
+    from tritonpack.triton_env import default_cache_dir
+
+    monkeypatch.setattr("tritonpack.fingerprint.installed_version", lambda: version)
+    if expected is None:
+        with pytest.raises(UsageError, match="TRITON_CACHE_DIR is set but empty"):
+            default_cache_dir(environ)
+    else:
+        assert default_cache_dir(environ) == os.path.expanduser(expected)
 
 
 def test_an_empty_cache_dir_variable_is_refused(monkeypatch, tmp_path, capsys):
-    """Triton 3.4+ cannot compile with it; a pack or unpack by it would go where no Triton looks."""
+    """Triton 3.4+ cannot compile with it; a pack or unpack by it would go where no Triton looks (3.0-3.3 take it
+    for unset: their default root)."""
+    from kernels import TRITON_VERSION
+
     from tritonpack.cli import main
 
     monkeypatch.setenv("TRITON_CACHE_DIR", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
     monkeypatch.chdir(tmp_path)
+    if TRITON_VERSION < (3, 4):
+        assert main(["verify"]) == 4
+        assert f"{tmp_path}/user/.triton/cache: cache directory does not exist" in capsys.readouterr().err
+        return
     assert main(["verify"]) == 2
     assert "TRITON_CACHE_DIR is set but empty" in capsys.readouterr().err and os.listdir(tmp_path) == []
 

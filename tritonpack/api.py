@@ -16,7 +16,7 @@ from .errors import CacheError, IncompatibleError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo
 from .remote import open_source
 from .selection import EVERYTHING, Selection
-from .triton_env import cache_root
+from .triton_env import cache_root, key_releases, releases_keyed_as
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
     from .compat import CheckReport, Environment
@@ -77,26 +77,40 @@ def _newest(entry) -> float:
         return 0.0
 
 
-def _compiling_triton(compilers: Counter[str], local: LocalTriton | None,
+def _compiling_triton(compilers: Counter[str], unnamed: Counter[str | None], local: LocalTriton | None,
                       targets: set[str]) -> tuple[TritonInfo | None, str | None]:
     """The archive's ``triton`` map: the Triton that compiled the packed kernels (``compilers``: how many kernels
-    name each version), which the preflight holds the entries without a version of their own (autotune results)
-    to; and the note that says why it records less than the local Triton's fingerprint, if it does.
+    name each version; ``unnamed``: how many name none, Triton before 3.3, by the releases their keys' encoding
+    says), which the preflight holds the entries without a version of their own (autotune results) to; and the
+    note that says why it records less than the local Triton's fingerprint, if it does.
 
     The local Triton vouches for a build key and backend hashes only when it is the version the kernels name (or
-    none names one); a cache compiled by another Triton is recorded by its version alone; one compiled by several,
-    not at all (no version describes its autotune results: the preflight reports them unchecked).
+    none names one, and their keys are in its release's encoding); a cache compiled by another Triton is recorded
+    by its version alone, or not at all when no kernel names it; one compiled by several, not at all (no version
+    describes its autotune results: the preflight reports them unchecked).
     """
     from .report import plural
 
     here = f"Triton here is {local.version}" if local else "Triton is not importable here"
-    if len(compilers) > 1:
-        most_first = sorted(compilers.items(), key=lambda vn: (-vn[1], vn[0]))
+    # kernels that name no version are this Triton's when their keys are in its release's encoding, else another's
+    tritons, keyed = Counter(compilers), Counter()
+    if local is not None:
+        for releases, n in unnamed.items():
+            if releases == releases_keyed_as(local.version):
+                tritons[local.version] += n
+            elif releases is not None:
+                keyed[releases] += n
+    everyone = tritons + Counter({f"{releases} by their keys": n for releases, n in keyed.items()})
+    if len(everyone) > 1:
+        most_first = sorted(everyone.items(), key=lambda vn: (-vn[1], vn[0]))
         counts = ", ".join(f"{v}: {plural(n, 'kernel')}" for v, n in most_first)
         return None, (f"kernels compiled by several Tritons ({counts}), {here}: the archive records none; each "
                       "kernel is judged by its own version only, and autotune results, which name none, are "
                       "reported unchecked")
-    compiler = next(iter(compilers), None)
+    if keyed:
+        return None, (f"kernels that name no Triton version, keyed by Triton {next(iter(keyed))}, {here}: the "
+                      "archive records none; the preflight judges them by their keys' encoding")
+    compiler = next(iter(tritons), None)
     if local is not None and compiler in (None, local.version):
         return TritonInfo(local.version, local.key_sha256,
                           {t: h for t, h in local.backend_hashes.items() if t in targets}), None
@@ -156,12 +170,15 @@ def pack(
             raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found)", root)
         targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
         compilers: Counter[str] = Counter()  # made again each time they are read: packedentries)
+        unnamed: Counter[str | None] = Counter()
         for e in scan.entries:
             kernel = e.kernel
             if kernel and kernel.backend and kernel.arch is not None and kernel.warp_size:
                 targets.add((kernel.backend, kernel.arch, kernel.warp_size))
             if kernel and kernel.triton_version:
                 compilers[kernel.triton_version] += 1
+            elif kernel:
+                unnamed[key_releases(e.key)] += 1
             total += e.size
             kinds[e.kind] += 1
             foreign += e.foreign_manifest
@@ -169,7 +186,7 @@ def pack(
             raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)})",
                              root)
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
-        triton, triton_note = _compiling_triton(compilers, local, {f"{b}:{a}" for b, a, _ in targets})
+        triton, triton_note = _compiling_triton(compilers, unnamed, local, {f"{b}:{a}" for b, a, _ in targets})
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
                            created=source_date_epoch(), python=python_info(), triton=triton)
         written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,

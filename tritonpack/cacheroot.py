@@ -286,7 +286,7 @@ def _regular_files(key_dir: str, rel: str, skipped: list[Skipped], unreadable: s
     with os.scandir(key_dir) as it:
         items = {item.name: item for item in it}
     for name in sorted(items):
-        if name.startswith("tmp."):
+        if name.startswith("tmp.") or ".tmp.pid_" in name:  # Triton 3.2+'s temp dir; 3.0-3.1's temp file
             skipped.append(Skipped(f"{rel}/{name}", "temporary file of an unfinished write"))
             continue
         mode = (st := items[name].stat(follow_symlinks=False)).st_mode

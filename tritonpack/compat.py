@@ -16,6 +16,7 @@ from .fingerprint import LocalTriton
 from .gpus import Target
 from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo
 from .report import entries as count_entries
+from .triton_env import key_releases, releases_keyed_as
 
 TRITON = "triton"
 BACKEND = "backend"
@@ -130,11 +131,15 @@ class CheckReport(NamedTuple):
         return out + [f"not checked: {note}" for note in self.unchecked]
 
 
-def _ptxas_release(backend_hash: str) -> str:
-    """The readable part of a CUDA backend hash (``ptxas --version`` output plus arch)."""
+def _toolchain_release(backend_hash: str) -> str:
+    """The readable part of a backend hash: CUDA's ``ptxas --version`` output plus arch; before 3.5, AMD's
+    ``ld.lld --version`` output plus target."""
     match = re.search(r"release ([\d.]+), (V[\d.]+)", backend_hash)
     if match:
         return f"ptxas {match.group(1)} ({match.group(2)})"
+    match = re.search(r"\bLLD ([\w.\-]+)", backend_hash)
+    if match:
+        return f"ld.lld {match.group(1)}"
     return backend_hash if len(backend_hash) <= 60 else backend_hash[:57] + "..."
 
 
@@ -155,10 +160,12 @@ def _attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | Non
 
 def _compiler(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> TritonInfo | None:
     """What the archive says of the Triton that compiled ``entry``: its build key and backend hashes only when
-    the archive's record is of the version the entry names."""
+    the archive's record is of the version the entry names. A kernel that names none (before 3.3) is not held to a
+    Triton whose release writes its key in another encoding (a root of kernels from before and after 3.3)."""
     own = entry.kernel.triton_version if entry.kernel else None
     if own is None:
-        return unowned
+        theirs = key_releases(entry.key) if entry.kind == GROUP and unowned is not None else None
+        return None if theirs is not None and theirs != releases_keyed_as(unowned.version) else unowned
     if info.triton is not None and info.triton.version == own:
         return info.triton
     return TritonInfo(own, None, {})
@@ -175,6 +182,16 @@ def _check_triton(compiler: TritonInfo | None, local: LocalTriton) -> list[Misma
     return []
 
 
+def _check_key(entry: Entry, local: LocalTriton) -> list[Mismatch]:
+    """A key in another release's encoding, which this Triton never looks up, whatever the archive says of the
+    Triton that compiled it: kernels before 3.3 name no version, and an archive of them packed beside another
+    Triton records that one."""
+    theirs, ours = key_releases(entry.key), releases_keyed_as(local.version)
+    if theirs is None or ours is None or theirs == ours:
+        return []
+    return [Mismatch(TRITON, f"{theirs} (by its key's encoding)", local.version)]
+
+
 def _check_backend(entry: Entry, compiler: TritonInfo | None, local: LocalTriton) -> list[Mismatch]:
     k = entry.kernel
     if k is None or compiler is None:
@@ -183,7 +200,16 @@ def _check_backend(entry: Entry, compiler: TritonInfo | None, local: LocalTriton
     ours = local.backend_hashes.get(k.target)
     if theirs is None or ours is None or theirs == ours:
         return []
-    return [Mismatch(BACKEND, _ptxas_release(theirs), _ptxas_release(ours))]
+    return [Mismatch(BACKEND, _toolchain_release(theirs), _toolchain_release(ours))]
+
+
+def _unhashed_target(entry: Entry, compiler: TritonInfo | None, local: LocalTriton) -> str | None:
+    """The target of a kernel whose backend hash the archive records and this Triton cannot compute: its
+    toolchain is missing (ROCm's ld.lld, which Triton 3.0-3.4 run even to hash the AMD backend)."""
+    k = entry.kernel
+    if k is None or compiler is None or k.target not in compiler.backend_hashes or k.target in local.backend_hashes:
+        return None
+    return k.target
 
 
 def _check_target(entry: Entry, env: Environment) -> list[Mismatch]:
@@ -221,9 +247,10 @@ def _check_stub(entry: Entry, env: Environment) -> list[Mismatch]:
     return mismatches
 
 
-def _triton_unchecked(no_compiler: int, by_version: int) -> list[str]:
-    """What the Triton comparison could not settle, counted: entries that no recorded Triton describes, and
-    entries whose Triton matched by version while the archive holds no build key to compare."""
+def _triton_unchecked(no_compiler: int, by_version: int, unhashed: Counter[str]) -> list[str]:
+    """What the Triton comparison could not settle, counted: entries that no recorded Triton describes,
+    entries whose Triton matched by version while the archive holds no build key to compare, and kernels whose
+    backend hash this Triton cannot compute (by target)."""
     notes = []
     if no_compiler:
         own = "its" if no_compiler == 1 else "their"
@@ -233,6 +260,10 @@ def _triton_unchecked(no_compiler: int, by_version: int) -> list[str]:
     if by_version:
         notes.append(f"{count_entries(by_version)} matched by Triton version only: the archive holds no build key (nor "
                      "backend hash) of the Triton that compiled them")
+    if unhashed:
+        notes.append(f"{count_entries(sum(unhashed.values()))} for {', '.join(sorted(unhashed))}: this Triton cannot "
+                     "compute the backend hash (its toolchain, e.g. ROCm's ld.lld, is missing), so the backend was "
+                     "not checked")
     return notes
 
 
@@ -247,6 +278,7 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
     unowned = _attributed(entries, info) if env.triton is not None else None
     mismatches = {}
     no_compiler = by_version = 0
+    unhashed: Counter[str] = Counter()  # usable kernels by target, whose backend hash cannot be computed here
     for n, entry in enumerate(entries):
         found: list[Mismatch] = []
         if entry.kind == FILE:
@@ -254,18 +286,19 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
         else:
             if env.triton is not None:
                 compiler = _compiler(entry, info, unowned)
-                found += _check_triton(compiler, env.triton)
-                if compiler is None:
-                    no_compiler += 1
-                elif not found and not compiler.key_sha256:
-                    by_version += 1
+                found += _check_triton(compiler, env.triton) or _check_key(entry, env.triton)
+                if not found:
+                    no_compiler += compiler is None
+                    by_version += compiler is not None and not compiler.key_sha256
                 if entry.kind == GROUP and not found:
                     found += _check_backend(entry, compiler, env.triton)
                 if entry.kind == GROUP:
                     found += _check_env(entry, env.triton)
             if entry.kind == GROUP:
                 found += _check_target(entry, env)
+                if not found and env.triton is not None and (target := _unhashed_target(entry, compiler, env.triton)):
+                    unhashed[target] += 1
         if found:
             mismatches[n] = tuple(found)
-    unchecked += _triton_unchecked(no_compiler, by_version)
+    unchecked += _triton_unchecked(no_compiler, by_version, unhashed)
     return CheckReport(Verdicts(entries, mismatches), unchecked, env)

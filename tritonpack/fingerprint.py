@@ -92,6 +92,12 @@ def _read_version(package: str) -> str | None:
     return match.group(1) if match else None
 
 
+def installed_version() -> str | None:
+    """The installed Triton's version, read from its ``__init__.py`` without importing it; None without Triton."""
+    package = _package_dir()
+    return _read_version(package) if package else None
+
+
 def _compute(targets: Iterable[tuple[str, str | int, int]], known: dict[str, str]) -> tuple[str | None, dict, dict]:
     """The slow path: import Triton, hash it, ask it for backend hashes and the invalidating variables."""
     from .triton_env import triton_info
@@ -123,14 +129,17 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
     if path:
         with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
             cached = json.load(f)
-    if cached.get("version") == version and wanted <= set(cached.get("backend_hashes", {})):
+    same = cached.get("version") == version
+    # targets whose hash this Triton cannot compute (Triton 3.0-3.4 without ROCm's ld.lld for AMD): asked once
+    unhashable = set(cached.get("unhashable", ())) if same else set()
+    if same and wanted <= set(cached.get("backend_hashes", {})) | unhashable:
         return LocalTriton(version, cached.get("key_sha256"), cached["backend_hashes"], cached.get("env", {}),
                            cached=True)
-    known = cached.get("backend_hashes", {}) if cached.get("version") == version else {}
-    key_sha256, hashes, env = _compute(targets, known)
+    key_sha256, hashes, env = _compute(targets, cached.get("backend_hashes", {}) if same else {})
     result = LocalTriton(version, key_sha256 or cached.get("key_sha256"), hashes, env)
     if path:
-        _store(path, {"version": version, "key_sha256": result.key_sha256, "backend_hashes": hashes, "env": env})
+        _store(path, {"version": version, "key_sha256": result.key_sha256, "backend_hashes": hashes, "env": env,
+                      "unhashable": sorted((unhashable | wanted) - set(hashes))})
     return result
 
 

@@ -43,9 +43,9 @@ def _triton_key_sha256() -> str | None:
     import hashlib
 
     try:
-        from triton.runtime.cache import triton_key  # 3.4+
+        from triton.runtime.cache import triton_key  # 3.5+
     except ImportError:
-        from triton.compiler.compiler import triton_key  # 3.0-3.3
+        from triton.compiler.compiler import triton_key  # 3.0-3.4
     if triton_key.cache_info().currsize == 0:
         return None
     return hashlib.sha256(triton_key().encode("utf-8")).hexdigest()

@@ -1,6 +1,6 @@
 """``record``: run a command with a tracking cache manager and pack exactly the entries it used.
 
-Triton resolves its cache manager from ``TRITON_CACHE_MANAGER`` ("module:Class") in every version: 3.3 reads it at
+Triton resolves its cache manager from ``TRITON_CACHE_MANAGER`` ("module:Class") in every version: 3.0-3.3 read it at
 each ``get_cache_manager`` call, 3.4+ through ``knobs.cache.manager_class``, which also demands a ``CacheManager``
 subclass. The tracking manager (``record_hook.py``) is copied to a private directory put first on ``PYTHONPATH``,
 so that every Python the command starts, however deep and whichever environment it runs in, imports it. It logs

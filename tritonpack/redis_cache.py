@@ -1,6 +1,6 @@
 """Unpacking into Redis, in the layout of Triton's own remote cache, so that a fleet hits without local copies.
 
-Triton (3.3 and later, read from ``triton/runtime/cache.py``) reads a remote cache when a process sets
+Triton (3.0 and later, read from ``triton/runtime/cache.py``) reads a remote cache when a process sets
 ``TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager`` and
 ``TRITON_REMOTE_CACHE_BACKEND=triton.runtime.cache:RedisRemoteCacheBackend`` (``TRITON_REDIS_HOST``/``_PORT``).
 ``RedisRemoteCacheBackend`` stores each file of cache key directory ``KEY`` under
@@ -30,7 +30,7 @@ from .model import GROUP, Entry, manifest_name
 from .remote import SERVER_TIMEOUT, open_source
 from .report import UnpackResult, unpack_result
 
-DEFAULT_KEY_FORMAT = "triton:{key}:{filename}"  # Triton's TRITON_REDIS_KEY_FORMAT default (3.3-3.9)
+DEFAULT_KEY_FORMAT = "triton:{key}:{filename}"  # Triton's TRITON_REDIS_KEY_FORMAT default (3.0-3.9)
 BATCH_BYTES = 32 << 20  # values sent per pipeline round trip, at most (besides one larger value)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -13,23 +14,69 @@ from .errors import UsageError
 from .model import PythonInfo, TritonInfo
 
 
+def release_of(version: str | None) -> tuple[int, int] | None:
+    """``(3, 2)`` of ``"3.2.0"`` (or of ``"3.2.0+git1234"``); None when there is no version or it does not read."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+# One sha256 names a key directory, in the encoding of its Triton's release: hex before 3.2, urlsafe base64 in 3.2,
+# base32 since 3.3 (``get_cache_manager``). A Triton never looks up a key in another encoding.
+_KEY_ENCODINGS = ((re.compile(r"[0-9a-f]{64}"), "3.0-3.1"), (re.compile(r"[A-Za-z0-9_-]{43}"), "3.2"),
+                  (re.compile(r"[A-Z2-7]{52}"), "3.3+"))
+
+
+def key_releases(key: str) -> str | None:
+    """The Triton releases that name a key directory so (``"3.0-3.1"``, ``"3.2"``, ``"3.3+"``); None for another
+    form."""
+    return next((releases for pattern, releases in _KEY_ENCODINGS if pattern.fullmatch(key)), None)
+
+
+def releases_keyed_as(version: str | None) -> str | None:
+    """The releases (as ``key_releases`` says them) whose keys a Triton version writes; None for no version."""
+    release = release_of(version)
+    if release is None:
+        return None
+    return "3.0-3.1" if release < (3, 2) else "3.2" if release == (3, 2) else "3.3+"
+
+
+_NEWEST = (1 << 16, 0)  # the rule of the newest Triton, where none is installed
+
+
 def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
-    """Triton's own resolution: ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~``'s.
+    """Triton's own resolution, by the rule of the installed Triton, which changed:
+    ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache``, else ``~/.triton/cache``.
+
+    - 3.0-3.1 know no ``TRITON_HOME``.
+    - 3.0-3.3 strip ``TRITON_CACHE_DIR`` and take an empty one for unset. 3.4+ cannot compile with an empty one,
+      which is refused here. 3.4 strips both variables, 3.5+ take their values as they are (an empty
+      ``TRITON_HOME`` is the current directory).
 
     Implemented from the environment rather than by importing Triton, so it costs nothing and works without
-    Triton; it is the rule of ``triton.knobs.cache.dir`` (3.4+, and of 3.2-3.3's cache manager): the variables'
-    values as they are, an empty ``TRITON_HOME`` included (then ``.triton/cache`` under the current directory).
-    An empty ``TRITON_CACHE_DIR`` is refused: Triton 3.4+ cannot compile with it (3.3 and older ignored it).
+    Triton (then by the newest rule); the installed version is read only where the rules differ.
     """
     env = os.environ if environ is None else environ
-    explicit = env.get("TRITON_CACHE_DIR")
+    explicit, home = env.get("TRITON_CACHE_DIR"), env.get("TRITON_HOME")
+    if explicit and explicit == explicit.strip():
+        return explicit  # the same root in every release
+    if explicit is None and home is None:
+        return os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    from .fingerprint import installed_version
+
+    release = release_of(installed_version()) or _NEWEST
     if explicit is not None:
-        if not explicit.strip():
-            raise UsageError("TRITON_CACHE_DIR is set but empty, which Triton 3.4+ cannot use: unset it, or name the "
-                             "cache root")
-        return explicit
-    home = env.get("TRITON_HOME")
-    return os.path.join(os.path.expanduser("~") if home is None else home, ".triton", "cache")
+        if release <= (3, 4):
+            explicit = explicit.strip()
+        if explicit.strip():
+            return explicit
+        if release >= (3, 4):
+            raise UsageError("TRITON_CACHE_DIR is set but empty, which Triton 3.4+ cannot use: unset it, or name "
+                             "the cache root")
+    if home is None or release < (3, 2):
+        home = os.path.expanduser("~")
+    elif release == (3, 4):
+        home = home.strip()
+    return os.path.join(home, ".triton", "cache")
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> str:
@@ -70,9 +117,9 @@ def triton_version() -> str | None:
 
 def _triton_key_function():
     try:
-        from triton.runtime.cache import triton_key  # 3.4+
+        from triton.runtime.cache import triton_key  # 3.5+
     except ImportError:
-        from triton.compiler.compiler import triton_key  # 3.0-3.3
+        from triton.compiler.compiler import triton_key  # 3.0-3.4
     return triton_key
 
 

@@ -4,7 +4,7 @@ Triton 3.4 to 3.9 moved the Redis settings to ``triton.knobs.redis`` but their `
 reads ``knobs.cache.redis``: the first compile of a process configured for it fails with ``AttributeError``. This
 class is Triton's backend with the settings read where they are: same keys (``TRITON_REDIS_KEY_FORMAT``, default
 ``triton:{key}:{filename}``), same values, same ``TRITON_REDIS_HOST``/``TRITON_REDIS_PORT``, so that it reads
-what ``tritonpack unpack --to-redis`` writes, and what Triton 3.3's own backend writes and reads. Use it with
+what ``tritonpack unpack --to-redis`` writes, and what Triton 3.0-3.3's own backend writes and reads. Use it with
 Triton's own manager::
 
     TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager
@@ -23,7 +23,7 @@ DEFAULT_KEY_FORMAT = "triton:{key}:{filename}"
 
 
 def settings() -> tuple[str, str, int]:
-    """Key format, host, port: from ``triton.knobs.redis`` where it exists (3.4+), else the environment (3.3)."""
+    """Key format, host, port: from ``triton.knobs.redis`` where it exists (3.4+), else the environment (3.0-3.3)."""
     knobs = getattr(getattr(triton, "knobs", None), "redis", None)
     if knobs is not None:
         return knobs.key_format, knobs.host, int(knobs.port)
