@@ -53,37 +53,37 @@ def test_list_and_check_read_standard_input_as_they_read_the_file(archive, tmpdi
         assert piped.stdout == named.stdout.replace(json.dumps(str(archive)), '"-"').replace(str(archive), "-")
 
 
-def test_unpack_from_a_pipe_gives_a_root_that_triton_hits(archive, tmpdir_, tmp_path):
+def assert_triton_hits(root) -> None:
+    """Triton compiles every test kernel from the root as a hit: the listener says so where there is one, and a
+    hit writes nothing under the root."""
     from kernels import HAS_LISTENER, compile_all
 
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert all(hits)
+    assert snapshot(root) == before, "a cache hit writes nothing under the root"
+
+
+def test_unpack_from_a_pipe_gives_a_root_that_triton_hits(archive, tmpdir_, tmp_path):
     root = tmp_path / "root"
     done = run(tmpdir_, "unpack", "-", "--cache-dir", root, "--json", stdin=archive.read_bytes())
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     with tritonpack.open(archive) as reader:
         assert doc["archive"] == "-" and doc["written"] == doc["entries"] == len(reader.entries)
-    before = snapshot(root)
-    hits = compile_all(root)
-    if HAS_LISTENER:
-        assert all(hits)
-    assert snapshot(root) == before, "a cache hit writes nothing under the root"
+    assert_triton_hits(root)
 
 
 def test_pack_to_standard_output_piped_into_unpack_gives_a_root_that_triton_hits(compiled_root, tmpdir_, tmp_path):
     """``tritonpack pack -o - | ssh host tritonpack unpack -``: no archive file on either side."""
-    from kernels import HAS_LISTENER, compile_all
-
     root = tmp_path / "root"
     pipeline = (f"{sys.executable} -m tritonpack pack {compiled_root} -o - -q | "
                 f"{sys.executable} -m tritonpack unpack - --cache-dir {root} -q")
     done = subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], capture_output=True,
                           env={**os.environ, "TMPDIR": str(tmpdir_)})
     assert done.returncode == 0 and not done.stdout, done.stderr
-    before = snapshot(root)
-    hits = compile_all(root)
-    if HAS_LISTENER:
-        assert all(hits)
-    assert snapshot(root) == before, "a cache hit writes nothing under the root"
+    assert_triton_hits(root)
 
 
 def test_dev_stdin_on_a_pipe_and_a_fifo_are_streams_too(archive, tmpdir_, tmp_path):
