@@ -282,7 +282,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     Raises ``IncompatibleError`` when none of them would be used here, unless ``force``.
     """
     from .compat import check_entries
-    from .report import plural
+    from .report import none_used
 
     every = reader.entries
     selected = array("I", (n for n, e in enumerate(every) if selection.wants(e)))
@@ -292,10 +292,8 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
         raise UsageError(f"no kernel of the {kernels} in the archive matches --arch or --kernel", reader.path)
     report = check_entries(entries, reader.info, environment(entries, targets, gpus))
     if entries and not report.usable_count and not force:
-        reasons = report.reasons()
-        more = f"; and {plural(len(reasons) - 1, 'other reason')}, as check lists them" if len(reasons) > 1 else ""
-        raise IncompatibleError(f"none of the {len(entries)} entries would be used here ({reasons[0][0]}{more}); "
-                                "--force writes them anyway", reader.path, report=report)
+        raise IncompatibleError(f"{none_used(len(entries), report.reasons())}; --force writes them anyway",
+                                reader.path, report=report)
     if force:
         return selected, report
     usable = report.verdicts.usable

@@ -44,7 +44,7 @@ from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
 from .gpus import cuda_hidden
 from .model import GROUP, manifest_name
-from .report import kept_lines, plural, reasons_to_dicts, root_only_lines
+from .report import kept_lines, none_used, plural, reasons_to_dicts, root_only_lines
 from .triton_env import cache_root
 
 STAMP_VERSION = 1
@@ -376,7 +376,5 @@ def ensure(
                 result.unstamped = result.unstamped or unrecorded
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
-        reason = result.not_used[0][0] if result.not_used else "no entry is usable"
-        raise IncompatibleError(f"none of the {result.entries} entries would be used here ({reason})", path,
-                                result=result)
+        raise IncompatibleError(none_used(result.entries, result.not_used), path, result=result)
     return result

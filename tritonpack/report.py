@@ -23,6 +23,14 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
+def none_used(entries: int, reasons: Sequence[tuple[str, int]]) -> str:
+    """The refusal of an archive none of whose entries would be used here: the first reason, and how many more
+    ``check`` lists."""
+    first = reasons[0][0] if reasons else "no entry is usable"
+    more = f"; and {plural(len(reasons) - 1, 'other reason')}, as check lists them" if len(reasons) > 1 else ""
+    return f"none of the {entries} entries would be used here ({first}{more})"
+
+
 def foreign_manifests_line(n: int) -> str:
     return (f"{plural(n, 'manifest')} pointed outside {'its' if n == 1 else 'their'} own directory (a copied cache): "
             "the files were read from the group's own directory")
