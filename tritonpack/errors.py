@@ -1,6 +1,12 @@
 """One exception hierarchy; the CLI maps each class to an exit code in one place."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .compat import CheckReport
+    from .ensuring import EnsureResult
+
 
 class TpackError(Exception):
     """Base of every error tritonpack raises on purpose.
@@ -61,7 +67,8 @@ class IncompatibleError(TpackError):
     ``CheckReport`` that refused; ``result``: ``ensure``'s ``EnsureResult``, where its ``strict`` refused. The
     command's ``--json`` prints them with the error."""
 
-    def __init__(self, message: str, path: str | None = None, *, report=None, result=None):
+    def __init__(self, message: str, path: str | None = None, *, report: CheckReport | None = None,
+                 result: EnsureResult | None = None):
         super().__init__(message, path)
         self.report = report
         self.result = result
