@@ -23,10 +23,10 @@ from .errors import (
 if TYPE_CHECKING:
     from .api import check, environment, open, pack, relocate, unpack, verify
     from .archive.reader import ArchiveReader
-    from .compat import CheckReport
+    from .compat import CheckReport, Environment, Mismatch, Verdict
     from .ensuring import EnsureResult, ensure
     from .merging import MergeResult, merge
-    from .model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, StoredFile, StubInfo
+    from .model import ArchiveInfo, AutotuneInfo, Entry, KernelInfo, PythonInfo, StoredFile, StubInfo, TritonInfo
     from .oci import PullResult, PushResult, pull, push
     from .recording import RecordResult, record
     from .redis_cache import unpack_to_redis
@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(("check", "environment", "open", "pack", "relocate", "unpack", "verify"), "api"),
     "ArchiveReader": "archive.reader",
-    **dict.fromkeys(("ArchiveInfo", "AutotuneInfo", "Entry", "KernelInfo", "StoredFile", "StubInfo"), "model"),
-    "CheckReport": "compat", "VerifyReport": "repair", "RelocateReport": "repair",
+    **dict.fromkeys(("ArchiveInfo", "AutotuneInfo", "Entry", "KernelInfo", "PythonInfo", "StoredFile", "StubInfo",
+                     "TritonInfo"), "model"),
+    **dict.fromkeys(("CheckReport", "Environment", "Mismatch", "Verdict"), "compat"),
+    "VerifyReport": "repair", "RelocateReport": "repair",
     **dict.fromkeys(("PackResult", "UnpackResult"), "report"),
     "ensure": "ensuring", "EnsureResult": "ensuring", "record": "recording", "RecordResult": "recording",
     "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci", "PushResult": "oci",
@@ -47,7 +49,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
@@ -64,8 +66,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__", "pack", "unpack", "open", "check", "verify", "relocate", "environment", "record", "merge",
     "ensure", "RecordResult", "MergeResult", "EnsureResult",
-    "ArchiveReader", "ArchiveInfo", "Entry", "KernelInfo", "AutotuneInfo", "StubInfo", "StoredFile",
-    "PackResult", "UnpackResult", "CheckReport", "VerifyReport", "RelocateReport", "PushResult", "PullResult",
+    "ArchiveReader", "ArchiveInfo", "PythonInfo", "TritonInfo", "Entry", "KernelInfo", "AutotuneInfo", "StubInfo",
+    "StoredFile", "PackResult", "UnpackResult", "CheckReport", "Environment", "Verdict", "Mismatch", "VerifyReport",
+    "RelocateReport", "PushResult", "PullResult",
     "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError", "IntegrityError", "ReaderLimitError",
     "CacheError", "IncompatibleError", "RecordError", "ConflictError", "RemoteError", "Terminated",
     "push", "pull", "unpack_to_redis",

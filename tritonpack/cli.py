@@ -7,6 +7,7 @@ import functools
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -28,9 +29,19 @@ from .entry import closed_pipe, exit_code, interrupted
 from .errors import Terminated, TpackError, UsageError
 
 # typer bundles its own click (0.2x) or uses click's; reach the exception classes through its public BadParameter.
-_CLICK_ERRORS = {c.__name__: c for c in typer.BadParameter.__mro__}
-ClickUsageError = _CLICK_ERRORS["UsageError"]
-ClickException = _CLICK_ERRORS["ClickException"]
+if TYPE_CHECKING:  # what is used of click's classes, wherever this typer keeps them
+
+    class ClickException(Exception):
+        exit_code: int
+
+        def format_message(self) -> str: ...
+
+    class ClickUsageError(ClickException):
+        ctx: typer.Context | None
+else:
+    _CLICK_ERRORS = {c.__name__: c for c in typer.BadParameter.__mro__}
+    ClickUsageError = _CLICK_ERRORS["UsageError"]
+    ClickException = _CLICK_ERRORS["ClickException"]
 
 app = typer.Typer(
     name="tritonpack",

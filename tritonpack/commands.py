@@ -105,14 +105,14 @@ def reported(result, as_json: bool, quiet: bool) -> Output:
     """A result as JSON, or its notes and one-line summary (nothing but errors when quiet). On standard error
     where the archive written is standard output (``pack -o /dev/stdout | ...``): not into the archive."""
     if as_json:
-        output = Output(to_json(result.to_dict()))
+        text, notes = to_json(result.to_dict()), ()
     elif quiet:
         return Output()
     else:
-        output = Output(printable(result.summary()), tuple(result.notes()))
+        text, notes = printable(result.summary()), tuple(result.notes())
     if _is_standard_output(getattr(result, "written_archive", None)):
-        return Output(None, (*output.err, output.out), output.code)
-    return output
+        return Output(None, (*notes, text))
+    return Output(text, notes)
 
 
 def _is_standard_output(path: str | None) -> bool:

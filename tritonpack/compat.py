@@ -164,7 +164,9 @@ def _compiler(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> Tr
     Triton whose release writes its key in another encoding (a root of kernels from before and after 3.3)."""
     own = entry.kernel.triton_version if entry.kernel else None
     if own is None:
-        theirs = key_releases(entry.key) if entry.kind == GROUP and unowned is not None else None
+        if unowned is None or entry.kind != GROUP:
+            return unowned
+        theirs = key_releases(entry.key)
         return None if theirs is not None and theirs != releases_keyed_as(unowned.version) else unowned
     if info.triton is not None and info.triton.version == own:
         return info.triton

@@ -249,6 +249,8 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
         result = unpack(archive, root, targets=targets, processes=processes)
     except IncompatibleError as e:
         report = e.report
+        if report is None:  # not the preflight's refusal, which carries its report
+            raise
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
                             not_used=report.reasons(), unchecked=report.unchecked), []
     with open_archive(archive) as reader:

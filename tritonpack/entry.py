@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from typing import TYPE_CHECKING
 
 from .errors import (
     ArchiveError,
@@ -21,6 +22,9 @@ from .errors import (
     TpackError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 EXIT_CODES: list[tuple[type[TpackError], int]] = [
     (UsageError, 2),
@@ -129,8 +133,10 @@ def run_quick(argv: list[str]) -> int | None:
     terminal = sys.stderr is not None and sys.stderr.isatty()  # None: started with standard error closed
     if command in ("pack", "unpack") and terminal and not (params.get("quiet") or params.get("as_json")):
         return None
-    body = {"list": commands.list_output, "check": commands.check_output, "pack": commands.pack_output,
-            "unpack": commands.unpack_output}[command]
+    bodies: dict[str, Callable[..., commands.Output]] = {
+        "list": commands.list_output, "check": commands.check_output, "pack": commands.pack_output,
+        "unpack": commands.unpack_output}
+    body = bodies[command]
     collecting = gc.isenabled()
     gc.disable()  # a short-lived run that makes no cycles: even with the decode's own pause, a list collected 39 times
     try:

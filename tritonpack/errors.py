@@ -1,6 +1,12 @@
 """One exception hierarchy; the CLI maps each class to an exit code in one place."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .compat import CheckReport
+    from .ensuring import EnsureResult
+
 
 class TpackError(Exception):
     """Base of every error tritonpack raises on purpose.
@@ -8,7 +14,7 @@ class TpackError(Exception):
     ``path`` names the file the problem is about, so the CLI can print ``error: <path>: <message>``.
     """
 
-    def __init__(self, message: str, path: str | None = None):
+    def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.path = path
@@ -61,7 +67,8 @@ class IncompatibleError(TpackError):
     ``CheckReport`` that refused; ``result``: ``ensure``'s ``EnsureResult``, where its ``strict`` refused. The
     command's ``--json`` prints them with the error."""
 
-    def __init__(self, message: str, path: str | None = None, *, report=None, result=None):
+    def __init__(self, message: str, path: str | None = None, *, report: CheckReport | None = None,
+                 result: EnsureResult | None = None) -> None:
         super().__init__(message, path)
         self.report = report
         self.result = result
@@ -82,6 +89,6 @@ class Terminated(SystemExit):
     Exception`` takes for a failure to recover from, and which ends a program calling the API quietly, with that
     status, where nothing catches it. The CLI says so in one line."""
 
-    def __init__(self, signal_number: int):
+    def __init__(self, signal_number: int) -> None:
         super().__init__(128 + signal_number)
         self.signal_number = signal_number

@@ -55,7 +55,7 @@ def _nvidia_answer(smi) -> list[Target]:
         return []
     if smi.returncode != 0:
         return []
-    targets = []
+    targets: list[Target] = []
     for line in out.splitlines():
         major, _, minor = line.strip().partition(".")
         if major.isdigit() and minor.isdigit():
@@ -70,7 +70,7 @@ def _stop(smi) -> None:
 
 
 def _amd() -> list[Target]:
-    targets = []
+    targets: list[Target] = []
     for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties"):
         try:
             with open(props, encoding="ascii") as f:

@@ -77,8 +77,8 @@ def _table(headers: list[str], rows: Iterable[list[str]]) -> Iterator[str]:
         held.append("\0".join(row))  # an escaped cell holds no NUL
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     yield fmt.format(*headers).rstrip()
-    for row in held:
-        yield fmt.format(*row.split("\0")).rstrip()
+    for cells in held:
+        yield fmt.format(*cells.split("\0")).rstrip()
 
 
 def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> Iterator[str]:
@@ -92,6 +92,7 @@ def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> It
         def kernel_rows():
             for e in groups:
                 k = e.kernel
+                assert k is not None  # the index gives every group its kernel (index._decode_meta)
                 yield [e.name, k.target, str(k.num_warps), str(k.num_stages), str(k.shared), str(len(e.files)),
                        human_bytes(e.size), k.triton_version or "?", e.key[:12]]
 
@@ -101,9 +102,14 @@ def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> It
     tuned = [e for e in entries if e.kind == AUTOTUNE]
     if tuned:
         yield from ("", f"autotune results ({len(tuned)})")
-        yield from _table(["function", "configs", "best config", "tuning key", "key"], (
-            [e.autotune.function, str(e.autotune.configs), _config_text(e.autotune.best_config),
-             ", ".join(map(str, e.autotune.tuning_key)), e.key[:12]] for e in tuned))
+        def autotune_rows():
+            for e in tuned:
+                a = e.autotune
+                assert a is not None  # the index gives every autotune result its info (index._decode_meta)
+                yield [a.function, str(a.configs), _config_text(a.best_config), ", ".join(map(str, a.tuning_key)),
+                       e.key[:12]]
+
+        yield from _table(["function", "configs", "best config", "tuning key", "key"], autotune_rows())
     other = [e for e in entries if e.kind not in (GROUP, AUTOTUNE)]
     if other:
         yield from ("", f"other files ({len(other)})")
@@ -144,7 +150,7 @@ def check_lines(report: CheckReport, archive: str) -> Iterator[str]:
     yield report.summary()
 
 
-def check_to_dict(report: CheckReport, archive: str) -> dict:
+def check_to_dict(report: CheckReport, archive: str | None) -> dict:
     env = report.environment
     return {
         "archive": archive,

@@ -106,15 +106,18 @@ def merged_info(parts: Sequence[tuple[ArchiveInfo, set[str]]], created: int | No
     pythons = {i.python for i in infos}
     python = pythons.pop() if len(pythons) == 1 else None
     triton = None
-    versions = {i.triton.version if i.triton else None for i in infos}
+    tritons = [i.triton for i in infos]
+    versions = {t.version if t else None for t in tritons}
     if len(versions) == 1 and None not in versions:
-        keys = {i.triton.key_sha256 for i in infos}
-        hashes = {}
-        for target in sorted(set().union(*(targets for _, targets in parts))):
-            values = {i.triton.backend_hashes.get(target) for i, targets in parts if target in targets}
-            if len(values) == 1 and None not in values:
-                hashes[target] = values.pop()
-        triton = TritonInfo(versions.pop(), keys.pop() if len(keys) == 1 else None, hashes)
+        known = [(t, targets) for t, (_, targets) in zip(tritons, parts, strict=True) if t is not None]
+        keys = {t.key_sha256 for t, _ in known}
+        hashes: dict[str, str] = {}
+        for target in sorted({target for _, targets in parts for target in targets}):
+            values = {t.backend_hashes.get(target) for t, targets in known if target in targets}
+            value = values.pop() if len(values) == 1 else None
+            if value is not None:
+                hashes[target] = value
+        triton = TritonInfo(known[0][0].version, keys.pop() if len(keys) == 1 else None, hashes)
     return ArchiveInfo(tritonpack=__version__, format_version=format_version(), created=created,
                        python=python, triton=triton)
 

@@ -94,7 +94,7 @@ def _tracking_class() -> type:
         _log({"op": "unsupported", "pid": os.getpid(), "manager": os.environ.get(CHAIN_ENV, "")})
         return base
 
-    class TrackingCacheManager(base):
+    class TrackingCacheManager(base):  # type: ignore[valid-type,misc]  # the base is chosen at run time
         """Triton's file cache manager (or the user's subclass of it) that logs what it serves and writes.
 
         Managers made for kernel dumps and overrides (``dump=True``, ``override=True``) are not the cache.

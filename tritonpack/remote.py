@@ -100,7 +100,7 @@ def _describe(error: BaseException) -> str:
     cause = getattr(error, "os_error", None)
     if cause is not None and getattr(cause, "strerror", None):
         host = getattr(error, "host", None)
-        where = f" {host}:{error.port}" if host else ""
+        where = f" {host}:{getattr(error, 'port', None)}" if host else ""
         return f"cannot connect to{where}: {cause.strerror}"
     if isinstance(error, TimeoutError) or type(error).__name__ in ("TimeoutError", "ServerTimeoutError"):
         return "timed out"

@@ -160,11 +160,11 @@ def verify(cache_dir: str) -> VerifyReport:
         else:
             report.groups.append(GroupState(path, OK))
     for skipped in scan.skipped:
-        state = _group_problem(skipped.reason)
-        if state is None:
+        problem = _group_problem(skipped.reason)
+        if problem is None:
             report.other_skipped += 1
         else:
-            report.groups.append(GroupState(skipped.path, state, skipped.reason))
+            report.groups.append(GroupState(skipped.path, problem, skipped.reason))
     return report
 
 

@@ -96,7 +96,7 @@ class PackResult(NamedTuple):
             lines.append(self.triton_note)
         if self.cubins == 0:
             lines.append("--splice-ptx: no cubin beside its group's .ptx, so nothing was spliced (a 1.0 archive)")
-        elif self.cubins is not None and self.spliced < self.cubins:
+        elif self.cubins is not None and self.spliced is not None and self.spliced < self.cubins:
             lines.append(f"{self.cubins - self.spliced} of {self.cubins} cubins stored whole: their embedded PTX text "
                          "is not their .ptx line for line, their .ptx is stored in another block (the same as another "
                          "group's), or they embed none (compiled without -lineinfo)")

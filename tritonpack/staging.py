@@ -61,7 +61,7 @@ from .tempfiles import NAMES_A_RUN, PREFIX, RunLock, clean_stale, remove_stage_d
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock on the root
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # every use checks for None first
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

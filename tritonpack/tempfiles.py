@@ -51,7 +51,7 @@ ORPHAN_AGE = 3600.0  # seconds after which an unlocked temp file is an orphan ev
 try:
     import fcntl
 except ImportError:  # not POSIX: no run locks; the pid rule alone applies
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # every use checks for None first
 
 
 def _pid_alive(pid: int) -> bool:
@@ -142,12 +142,13 @@ class RunLock:
 
     def release(self) -> None:
         """Remove the lock file (all of this run's temp files are gone by now) and drop the lock."""
-        if self.token is None:
+        path, fd = self.path, self._fd
+        if path is None or fd is None:
             return
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            os.unlink(path)
         with contextlib.suppress(OSError):
-            os.close(self._fd)
+            os.close(fd)
         self.token, self._fd = None, None
 
 
@@ -187,9 +188,9 @@ class _DeadRuns:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # held by a live unpack (or no flock here: assume it is live)
                 os.close(fd)
-                self.live.add(match.groups())
+                self.live.add((match[1], match[2]))
                 continue
-            self.dead[match.groups()] = fd
+            self.dead[match[1], match[2]] = fd
 
     def owner_state(self, pid: str, token: str) -> str:
         if (pid, token) in self.dead:

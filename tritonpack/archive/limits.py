@@ -101,7 +101,7 @@ class IndexBudget:
         return container
 
     def unpack_options(self) -> dict:
-        options = {"max_array_len": self.most, "max_map_len": self.most}
+        options: dict[str, object] = {"max_array_len": self.most, "max_map_len": self.most}
         if self.counted:
             options.update(object_hook=self._map, list_hook=self._list)
         return options

@@ -9,6 +9,7 @@ import hashlib
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import zstandard
 
@@ -19,6 +20,9 @@ from .index import CODEC_ZSTD, CODEC_ZSTD_SPLICE, BlobTable, Block, Index, decod
 from .limits import check_block_expansion, check_expansion, check_ratio
 from .source import ByteSource, LocalFile
 from .splice import BlockContent
+
+if TYPE_CHECKING:
+    from mmap import mmap
 
 
 def _check_frame(data: bytes, size: int, what: str, path: str) -> None:
@@ -64,7 +68,7 @@ def _frame_length(data: bytes) -> int:
     return at
 
 
-def _decompress_into(data: bytes, size: int, buffer, what: str, path: str) -> memoryview:
+def _decompress_into(data: bytes, size: int, buffer: mmap | bytearray, what: str, path: str) -> memoryview:
     """``_decompress`` into ``buffer`` (writable, at least ``size`` bytes), which a worker keeps for its next
     block: one block's memory a worker, touched once. A new bytes object a block took fresh pages each time, and a
     worker's heap, fragmented by what it allocated between blocks, grew to two blocks (84 MB where one is 33)."""
@@ -189,7 +193,7 @@ class ArchiveReader:
 
     def __init__(self, source: str | os.PathLike | ByteSource,
                  on_blocks: Callable[[ArchiveReader, list[Block]], None] | None = None,
-                 on_blobs: Callable[[BlobTable], None] | None = None):
+                 on_blobs: Callable[[BlobTable], None] | None = None) -> None:
         """``source``: a path, or any ``ByteSource`` (size and positional reads). ``on_blocks``: called with the
         checked block table as soon as it is read, before the rest of the index is decoded and checked (unpack
         forks its workers there, to decode blocks meanwhile); not called where the table cannot be read ahead.
@@ -273,7 +277,7 @@ class ArchiveReader:
         return self._index.file_blobs[entry_number]
 
     # -- the data --
-    def read_block(self, number: int, block: Block, into=None) -> BlockContent:
+    def read_block(self, number: int, block: Block, into: mmap | bytearray | None = None) -> BlockContent:
         """Block ``number`` (as ``block`` describes it), read and decompressed (into ``into``, if given: a
         writable buffer of at least ``block.stored`` bytes, overwritten); its blobs are not verified, and its
         spliced texts are derived as they are read."""
@@ -342,7 +346,8 @@ class ArchiveReader:
         return [(blob, self.verified(data, number, blob, table.offsets[blob], table.sizes[blob], digest))
                 for blob, digest in zip(blobs, digests, strict=True)]
 
-    def verified(self, data: BlockContent, number: int, blob: int, offset: int, size: int, sha256: bytes):
+    def verified(self, data: BlockContent, number: int, blob: int, offset: int, size: int,
+                 sha256: bytes) -> bytes | memoryview:
         """Blob ``blob`` of block ``number`` (decoded: ``data``), checked against its recorded sha256. Also for a
         forked worker, which is told the blob's place and digest instead of holding the index."""
         try:

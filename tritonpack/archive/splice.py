@@ -168,7 +168,7 @@ class BlockContent:
         self._before = [0, *accumulate(s.length for s in splices)]  # bytes inserted before splice k
         self._text: tuple[int, bytes] | None = None
 
-    def range(self, offset: int, size: int):
+    def range(self, offset: int, size: int) -> bytes | memoryview:
         """Bytes ``[offset, offset + size)`` of the content (a view where no splice is in the range)."""
         splices = self._splices
         if not splices:
@@ -178,7 +178,7 @@ class BlockContent:
         if k == len(splices) or splices[k].at >= end:  # between splices: one stored range
             start = offset - self._before[k]
             return self._stored[start:start + size]
-        parts = []
+        parts: list[bytes | memoryview] = []
         position = offset
         while position < end:
             if k < len(splices) and splices[k].at <= position:
