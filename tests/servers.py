@@ -102,17 +102,36 @@ class Nginx:
         self.www = directory / "www"
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        self._mark: str | None = None  # the request that reset_log sent last: the log starts after it
 
     def requests(self) -> list[tuple[str, str, int, int, str]]:
-        """(method, path, status, body bytes sent, Range header) per request, in order."""
+        """(method, path, status, body bytes sent, Range header) per request since ``reset_log``, in order."""
         rows = []
-        for line in (self.dir / "access.log").read_text().splitlines():
+        for line in self._lines():
             method, path, status, sent, rng = line.split(" ", 4)
             rows.append((method, path, int(status), int(sent), rng.strip('"')))
         return rows
 
+    def _lines(self) -> list[str]:
+        lines = (self.dir / "access.log").read_text().splitlines()
+        if self._mark is None:
+            return lines
+        return lines[next(i for i, line in enumerate(lines) if f" {self._mark} " in line) + 1:]
+
     def reset_log(self) -> None:
-        (self.dir / "access.log").write_text("")
+        """Forget the requests so far. nginx logs a request once it has sent the answer, a moment after its client
+        may have read it, so truncating the log could miss a line still to come: a marker request, which its one
+        worker logs after every request before it, says where the log starts again."""
+        import urllib.error
+        import urllib.request
+
+        self._mark = f"/mark-{uuid.uuid4().hex}"
+        with contextlib.suppress(urllib.error.HTTPError):  # 404: the marker names no file
+            urllib.request.urlopen(self.url + self._mark, timeout=10).close()
+        deadline = time.monotonic() + 10
+        while not any(f" {self._mark} " in line for line in (self.dir / "access.log").read_text().splitlines()):
+            assert time.monotonic() < deadline, "nginx never logged the marker request"
+            time.sleep(0.01)
 
 
 @contextlib.contextmanager
