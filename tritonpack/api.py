@@ -93,6 +93,7 @@ def _compiling_triton(compilers: Counter[str], unnamed: Counter[str | None], loc
 
     here = f"Triton here is {local.version}" if local else "Triton is not importable here"
     # kernels that name no version are this Triton's when their keys are in its release's encoding, else another's
+    keyed: Counter[str]
     tritons, keyed = Counter(compilers), Counter()
     if local is not None:
         for releases, n in unnamed.items():
@@ -168,6 +169,7 @@ def pack(
         not_selected = found - not_since - len(scan.entries)
         if not scan.entries:
             raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found)", root)
+        kinds: Counter[str]
         targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
         compilers: Counter[str] = Counter()  # made again each time they are read: packedentries)
         unnamed: Counter[str | None] = Counter()
@@ -362,7 +364,7 @@ def _taken(entry: Entry, keep: list[int]) -> tuple[Entry, tuple[int, ...] | None
     took 0.2 KB of an unpack's plan)."""
     if len(keep) == len(entry.files):
         return entry, None
-    blobs = entry.files.blobs
+    blobs = entry.files.blobs  # type: ignore[attr-defined]  # an archive's entry: StoredFiles
     return entry._replace(files=tuple(entry.files[i] for i in keep)), tuple(blobs[i] for i in keep)
 
 

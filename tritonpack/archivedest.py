@@ -63,6 +63,7 @@ def archive_file(output: str) -> Iterator[tuple[BinaryIO, str | None]]:
     scratch files (beside the archive; None, the system's temp directory, for a device or a FIFO). Moved in when
     the block ends; removed where the block raises, a SIGTERM included. Errors of the block propagate as raised."""
     target = destination(output)
+    out: BinaryIO | None
     with _terminated_as_exception() as held:
         if target.in_place:
             with _standard_output() if target.path == STDOUT else _opened_in_place(target.path) as out:

@@ -32,7 +32,7 @@ class BlobStore:
         for source, blob in reads:
             self._pending[(source, blob)] = self._pending.get((source, blob), 0) + 1
             self._block_blobs.setdefault((source, self._block_of(source, blob)), set()).add(blob)
-        self._live: OrderedDict[tuple[int, int], dict[int, bytes]] = OrderedDict()
+        self._live: OrderedDict[tuple[int, int], dict[int, bytes | memoryview]] = OrderedDict()
         self._decoded_once: set[tuple[int, int]] = set()
         self.max_blocks = max_blocks or max(4, 2 * len(readers))
         self.decoded = 0  # block decodes in all
@@ -47,11 +47,11 @@ class BlobStore:
     def blocks_needed(self) -> int:
         return len(self._block_blobs)
 
-    def read(self, source: int, blob: int) -> bytes:
+    def read(self, source: int, blob: int) -> bytes | memoryview:
         with self._lock:
             return self._read(source, blob)
 
-    def _read(self, source: int, blob: int) -> bytes:
+    def _read(self, source: int, blob: int) -> bytes | memoryview:
         block = (source, self._block_of(source, blob))
         if (source, blob) not in self._pending:
             raise ArchiveError(f"blob {blob} was not planned for reading", self._readers[source].path)
@@ -70,7 +70,7 @@ class BlobStore:
                 del self._live[block]
         return content
 
-    def _decode(self, block: tuple[int, int]) -> dict[int, bytes]:
+    def _decode(self, block: tuple[int, int]) -> dict[int, bytes | memoryview]:
         source, _ = block
         wanted = self._block_blobs[block]
         blobs = dict(self._readers[source].iter_blobs(wanted, threads=1))  # one block; every sha256 verified
@@ -96,7 +96,7 @@ class ArchiveFile:
     blob: int
     path: str  # archive: key/name, for error messages
 
-    def read(self) -> bytes:
+    def read(self) -> bytes | memoryview:
         return self.store.read(self.source, self.blob)
 
     def read_into(self, view: memoryview) -> None:

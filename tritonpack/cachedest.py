@@ -66,7 +66,7 @@ class Placement(NamedTuple):
 
 def blobs_of(p: Placement) -> Sequence[int]:
     """The archive's blob for each of the placement's ``entry.files``."""
-    return p.blobs if p.blobs is not None else p.entry.files.blobs
+    return p.blobs if p.blobs is not None else p.entry.files.blobs  # type: ignore[attr-defined]  # an archive's: StoredFiles
 
 
 def manifest_bytes(root: str, entry: Entry, names: Sequence[str] | None = None) -> bytes:

@@ -471,7 +471,7 @@ def scan_cache(root: str, processes: bool = False) -> CacheScan:
         parts = [_scan_items(root, items, packed)]
     scan = CacheScan(root, packed)
     for entries, skipped in parts:
-        scan.entries += entries
+        scan.entries += entries  # type: ignore[operator]  # either takes any iterable in place (mypy checks + on a union)
         scan.skipped += skipped
     return scan
 

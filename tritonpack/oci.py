@@ -110,7 +110,7 @@ def parse_reference(url: str) -> Reference:
     return Reference(registry, repository, tag, digest or None)
 
 
-def annotations(info: ArchiveInfo, entries: tuple[Entry, ...], digest: str) -> dict[str, str]:
+def artifact_annotations(info: ArchiveInfo, entries: tuple[Entry, ...], digest: str) -> dict[str, str]:
     """What a scheduler needs to choose an artifact, all from the archive's index."""
     groups = [e for e in entries if e.kind == GROUP]
     targets = sorted({e.kernel.target for e in groups if e.kernel and e.kernel.backend})
@@ -217,7 +217,7 @@ def _adapter_with_timeout():
     from requests.adapters import HTTPAdapter
 
     class TimedAdapter(HTTPAdapter):
-        def send(self, request, timeout=None, **kwargs):
+        def send(self, request, timeout=None, **kwargs):  # type: ignore[override]  # Session.send passes them by keyword
             return super().send(request, timeout=remote.SERVER_TIMEOUT if timeout is None else timeout, **kwargs)
 
     return TimedAdapter()
@@ -343,7 +343,7 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
     if is_stdin(path):
         raise UsageError("push uploads an archive file, not a stream: save it to one first", STDIN_NAME)
     with ArchiveReader(path) as reader:
-        notes = annotations(reader.info, reader.entries, reader.digest)
+        notes = artifact_annotations(reader.info, reader.entries, reader.digest)
     digest, size = _sha256_file(path)
     layer = {"mediaType": LAYER_MEDIA_TYPE, "digest": digest, "size": size,
              "annotations": {TITLE: os.path.basename(path)}}

@@ -206,7 +206,7 @@ class Authenticator:
         realm = challenge["realm"]
         wanted = {key: challenge[key] for key in ("service", "scope") if key in challenge}
         if found and found.identity:
-            response = self.session.post(realm, data={"grant_type": "refresh_token", "refresh_token": found.secret,
+            response = self.session.post(realm, data={"grant_type": "refresh_token", "refresh_token": found.secret,  # type: ignore[misc]  # str to str: mypy cannot infer it against requests' union for data
                                                       "client_id": "tritonpack", **wanted})
         else:
             response = self.session.get(realm, params=wanted,

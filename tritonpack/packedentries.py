@@ -85,7 +85,7 @@ class _Run:
                           None, foreign)
 
 
-class PackedEntries(Sequence):
+class PackedEntries(Sequence[LocalEntry]):
     """Entries of a scan of ``root`` as packed records (see the module), a sequence of ``LocalEntry`` in the order
     they were added. ``extend`` with another's takes its records as they are: a forked reader's come whole."""
 
@@ -101,7 +101,7 @@ class PackedEntries(Sequence):
     def __len__(self) -> int:
         return self._count
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> LocalEntry:  # type: ignore[override]  # one at a time: a slice raises TypeError
         if not isinstance(i, int):
             raise TypeError("packed entries are read one at a time")
         if i < 0:
@@ -111,14 +111,14 @@ class PackedEntries(Sequence):
         run = bisect_right(self._firsts, i) - 1
         return self._runs[run].entry(i - self._firsts[run])
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[LocalEntry]:
         for run in self._runs:
             yield from map(run.entry, range(len(run)))
 
     def __reduce__(self):
         return PackedEntries, (self.root, self._runs)
 
-    def append(self, entry) -> None:
+    def append(self, entry: LocalEntry) -> None:
         if self._open is None:
             self._open = _Run(self.root)
             self._firsts.append(self._count)
@@ -126,7 +126,7 @@ class PackedEntries(Sequence):
         self._open.append(entry)
         self._count += 1
 
-    def extend(self, entries: Iterable) -> None:
+    def extend(self, entries: Iterable[LocalEntry]) -> None:
         if isinstance(entries, PackedEntries) and entries.root == self.root:
             for run in list(entries._runs):
                 self._take(run)
@@ -134,7 +134,7 @@ class PackedEntries(Sequence):
             for entry in entries:
                 self.append(entry)
 
-    def __iadd__(self, entries: Iterable) -> PackedEntries:
+    def __iadd__(self, entries: Iterable[LocalEntry]) -> PackedEntries:
         self.extend(entries)
         return self
 

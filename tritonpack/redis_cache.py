@@ -103,7 +103,7 @@ def _call(fn, url: str, *args):
         raise RemoteError(" ".join(str(e).split()) or type(e).__name__, url) from None
 
 
-def _states(client, url: str, values: list[tuple[str, int | None, Callable[[bytes], bool]]]) -> list[bool | None]:
+def _states(client, url: str, values: Sequence[tuple[str, int | None, Callable[[bytes], bool]]]) -> list[bool | None]:
     """Compare each (key, size, same?) with the server: lengths first, then fetch only the values that may be the
     same (``size`` None: fetch whenever present, for a manifest, whose JSON may be spelled another way)."""
     pipe = client.pipeline(transaction=False)
@@ -125,9 +125,10 @@ def _states(client, url: str, values: list[tuple[str, int | None, Callable[[byte
     return states
 
 
-def plan(client, url: str, fmt: str, chosen: Sequence[tuple[tuple[int, ...], Entry]],
+def plan(client, url: str, fmt: str, chosen: Sequence[tuple[Sequence[int], Entry]],
          overwrite: bool) -> list[Placement]:
     """Compare each chosen entry (with the archive's blob of each of its files) with what the server holds."""
+    values: list[tuple[str, int | None, Callable[..., bool]]]  # called with the data (defaults bind the rest)
     values, spans = [], []
     for _, entry in chosen:
         first = len(values)
@@ -165,7 +166,7 @@ def write(client, url: str, fmt: str, reader: ArchiveReader, plans: Sequence[Pla
         if p.writes_manifest and p.files:
             hide.append(redis_key(fmt, p.entry.key, manifest_name(p.entry.name)))
         for i in p.files:
-            targets.setdefault(p.blobs[i], []).append(redis_key(fmt, p.entry.key, p.entry.file_names[i]))
+            targets.setdefault(p.blobs[i], []).append(redis_key(fmt, p.entry.key, p.entry.file_names[i]))  # type: ignore[index]  # plan gives each its blobs
     if hide:
         _call(client.delete, url, *hide)
     files = written = pending = 0

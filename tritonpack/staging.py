@@ -64,7 +64,9 @@ except ImportError:  # not POSIX: no lock on the root
     fcntl = None  # type: ignore[assignment]  # every use checks for None first
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from concurrent.futures import Future
+    from typing import Literal
 
     from .workers import StagingWorkers
 
@@ -88,7 +90,7 @@ class _Staged(NamedTuple):
     temp path, None where it has its own name in ``directory`` (its staging directory), False if not staged."""
 
     directory: str | None
-    files: list[str | bool | None]
+    files: list[str | Literal[False] | None]
 
     def staged(self) -> list[tuple[int, str | None]]:
         """(file index, temp path or None) of each file staged, the manifest left out."""
@@ -194,7 +196,7 @@ class Destinations(Sequence):
     def __len__(self) -> int:
         return len(self.numbers)
 
-    def __getitem__(self, n: int) -> tuple[str, Sequence[str] | None] | None:
+    def __getitem__(self, n: int) -> tuple[str, Sequence[str] | None] | None:  # type: ignore[override]  # no slices
         at = self.numbers[n]
         if at >= 0:
             return stage_path(self._stage_prefixes, at), self._placements[n].entry.file_names
@@ -217,6 +219,8 @@ class Targets:
         they have their own names there (None: temp names)."""
         self._where = where
         # The blobs in block order, and each blob's place in it: their own order, where a writer numbered them
+        order: range | array[int]
+        rank: range | array[int]
         if all(a <= b for a, b in pairwise(blob_blocks)):
             order = rank = range(len(blob_blocks))
         else:
@@ -298,7 +302,7 @@ class ManifestJobs(Sequence):
         if isinstance(k, slice):
             return ManifestJobs(self._numbers[k], self._placements, self._where)
         n = self._numbers[k]
-        directory, names = self._where[n]
+        directory, names = self._where[n]  # type: ignore[misc]  # an entry with a manifest to stage is staged
         p = self._placements[n]
         return directory, manifest_name(p.entry.name) if names is not None else None, n, p.entry, p.manifest_names
 
@@ -626,6 +630,7 @@ def _write_staged(reader, root: str, placements: Sequence[Placement], on_file: C
             return placements[n].entry.key
 
         active = array("I", sorted(active, key=key_of))
+        of_key: Iterable[int]
         numbers = array("i", [NOT_STAGED]) * len(placements)  # by placement: where it writes (``Destinations``)
         for key, of_key in groupby(active, key_of):
             key_dir = os.path.join(root, key)
@@ -639,7 +644,8 @@ def _write_staged(reader, root: str, placements: Sequence[Placement], on_file: C
         where = Destinations(root, placements, numbers, w.stage_prefixes())
         staged = Staged(placements, where)
 
-        targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)
+        # active entries are staged: ``where`` is never None for them
+        targets = Targets(placements, active, reader.index.blobs.blocks, where.__getitem__)  # type: ignore[arg-type]
 
         manifest_jobs = ManifestJobs(manifests, placements, where)
 

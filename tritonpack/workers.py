@@ -30,6 +30,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .archive.format import IN_FLIGHT
 from .archive.index import BlobTable, Block
@@ -38,6 +39,9 @@ from .cachedest import manifest_json
 from .errors import ArchiveError, CacheError
 from .forking import cores, die_with, fork_safe, private_map, receive_message, send_message
 from .staging import MANIFEST, StageWriter, Targets
+
+if TYPE_CHECKING:
+    from .model import Entry
 
 MANIFESTS = -1  # an item that writes a share of the manifests, a share a worker or more (blocks: from 0)
 # Manifests in one share at most: where one worker took every manifest of 23,000 groups, their plan and its message
@@ -121,6 +125,7 @@ def _stage_item(w: StageWriter, reader, number: int, block: Block | None, data: 
     owners: list[tuple[int, int, int]] = []
     staged: list[tuple[int, int, int, str | None]] = []
     held = 0  # bytes made here (manifests, spliced cubins), not views of the block: written every few MB
+    content: bytes | memoryview
 
     def write() -> None:
         """Report each file staged (a manifest too): its path where it has a temp name; None where it has its
@@ -280,7 +285,7 @@ class StagingWorkers:
                 send_message(commands, message)
 
     def stage(self, w: StageWriter, targets: Targets,
-              manifests: Sequence[tuple[str, str | None, int, object, Sequence[str]]],
+              manifests: Sequence[tuple[str, str | None, int, Entry, Sequence[str]]],
               record: Record) -> None:
         """Stage every planned file (``targets``, whose destinations are worked out a block at a time, as its plan
         goes out) and manifest (directory, name, entry number, entry, names listed) through the workers; ``record``

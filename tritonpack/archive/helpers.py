@@ -86,7 +86,8 @@ class BlockHelpers:
         digests = self._ask(child, (_READ, index, list(files)))
         return digests or None  # [] is a read the helper could not do
 
-    def plan(self, buffer: mmap.mmap, pairs: Sequence[tuple[int, int, int, int]]) -> tuple[splice.Splice, ...] | None:
+    def plan(self, buffer: mmap.mmap | None,
+             pairs: Sequence[tuple[int, int, int, int]]) -> tuple[splice.Splice, ...] | None:
         """The splices of the block in ``buffer``, as ``splice.plan`` finds them, its pairs shared among the
         helpers that are free (the first blocks would otherwise wait for one helper each); None where none could
         (the caller plans the block itself)."""
@@ -103,7 +104,8 @@ class BlockHelpers:
                                  for n, child in enumerate(children)])
         if any(reply is None for reply in replies):
             return None
-        return tuple(splice.Splice(*s[:5], tuple(map(tuple, s[5]))) for reply in replies for s in reply)
+        return tuple(splice.Splice(*s[:5], tuple(map(tuple, s[5])))  # type: ignore[call-arg]  # *s[:5]: the first five fields
+                     for reply in replies for s in reply)
 
     def _take(self) -> tuple[int, int, int] | None:
         """A free helper, waiting for one; None once none is alive."""
@@ -121,7 +123,8 @@ class BlockHelpers:
     def _ask_all(self, asks: list[tuple[tuple[int, int, int], object]]) -> list:
         """Each helper's reply to its message, None where it died (it is not asked again). Every answer is read,
         so that no pipe is left with one unread."""
-        asked = []
+        asked: list[tuple[int, int, int] | None] = []
+        child: tuple[int, int, int] | None
         for child, message in asks:
             try:
                 send_message(child[1], message)
@@ -138,7 +141,7 @@ class BlockHelpers:
                 with self._lock:
                     self._alive -= 1
             else:
-                self._free.put(child)
+                self._free.put(child)  # type: ignore[arg-type]  # a reply: child is not None
             replies.append(reply)
         return replies
 
@@ -187,6 +190,7 @@ def _fork(buffers: Sequence[mmap.mmap], parent: int, others: list[int]) -> tuple
         die_with(parent)
         gc.disable()  # a collection would write to every object it inherited: copies of the writer's pages
         while (message := receive_message(commands_r)) is not None:
+            reply: list[bytes] | list[tuple]
             if message[0] == _READ:
                 _, index, files = message
                 try:

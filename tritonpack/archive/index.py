@@ -15,7 +15,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, repeat
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, Literal, NamedTuple, cast, overload
 
 import msgpack
 
@@ -89,7 +89,7 @@ class BlobTable:
         self.blocks = array("I")
         self.offsets = array("I")
         self.sizes = array("I")
-        self.digests: bytes | bytearray | FileSpan | SpilledRun = b""  # 32 bytes a blob
+        self.digests: bytes | FileSpan | SpilledRun = b""  # 32 bytes a blob
 
     def digest(self, n: int) -> bytes:
         return self.digests[32 * n:32 * n + 32]
@@ -371,6 +371,11 @@ class _Fields:
             raise ArchiveError(f"index: {self.where}.{name} has the wrong type", self.path)
         return value
 
+    @overload
+    def uint(self, name: str, required: Literal[True] = True, limit: int = 2**63) -> int: ...
+    @overload
+    def uint(self, name: str, required: bool, limit: int = 2**63) -> int | None: ...
+
     def uint(self, name: str, required: bool = True, limit: int = 2**63) -> int | None:
         value = self.get(name, int, required)
         if value is not None and not 0 <= value < limit:
@@ -537,7 +542,7 @@ def _decode_splices(raw: list, size: int, where: str, path: str) -> tuple[Splice
                 type(item[4]) is not bytes or type(item[5]) is not list:
             raise ArchiveError(f"index: {where}.splices[{k}] is malformed", path)
         at, source, source_size, length, blanks, raw_replacements = item
-        replacements = []
+        replacements: list[tuple[int, bytes]] = []
         for r in raw_replacements:
             if type(r) is not list or len(r) != 2 or not _is_uint(r[0]) or type(r[1]) is not bytes or \
                     (replacements and r[0] <= replacements[-1][0]):
@@ -597,7 +602,7 @@ def _checked_maps(spend: Callable[[dict], dict] | None) -> Callable[[list], dict
         fields = dict(pairs)
         if len(fields) != len(pairs):
             seen: set = set()
-            twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+            twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]  # add's None: the key is new
             raise _BadMap(f"a map holds the key {twice!r:.60} twice")
         for key in fields:
             if type(key) is not str:
@@ -692,7 +697,7 @@ def _decode_index(raw, path: str, version: tuple[int, int], keep: bool = True,
             blobs = _decode_blobs(_elements(unpacker, budget, path), [b.size for b in head[1]], path, keep)
             fields[key] = None
             if on_blobs is not None and keep:
-                on_blobs(blobs)
+                on_blobs(cast(BlobTable, blobs))  # kept: a table
         elif key == "entries" and array and blobs is not None:
             decoded = _decode_entries(_elements(unpacker, budget, path), blobs, path, keep, in_order)
             fields[key] = None
@@ -705,7 +710,8 @@ def _decode_index(raw, path: str, version: tuple[int, int], keep: bool = True,
         decoded = _decode_entries(_Fields(fields, "index", path).get("entries", list), blobs, path, keep, in_order)
     info, blocks = head
     entries, file_blobs, unknown = decoded
-    return Index(info, tuple(blocks), blobs if keep else BlobTable(), tuple(entries), file_blobs, unknown)
+    return Index(info, tuple(blocks), cast(BlobTable, blobs) if keep else BlobTable(), tuple(entries),
+                 file_blobs, unknown)
 
 
 def _unpacked(read, path: str):
@@ -760,7 +766,8 @@ def _decode_document(data: Any, path: str, version: tuple[int, int], keep: bool,
     info, blocks = _decode_head(doc, version, path)
     blobs = _decode_blobs(doc.get("blobs", list), [b.size for b in blocks], path, keep)
     entries, file_blobs, unknown = _decode_entries(doc.get("entries", list), blobs, path, keep, in_order)
-    return Index(info, tuple(blocks), blobs if keep else BlobTable(), tuple(entries), file_blobs, unknown)
+    return Index(info, tuple(blocks), cast(BlobTable, blobs) if keep else BlobTable(), tuple(entries),
+                 file_blobs, unknown)
 
 
 def _decode_head(doc: _Fields, version: tuple[int, int], path: str) -> tuple[ArchiveInfo, list[Block]]:
@@ -857,7 +864,7 @@ class SpilledRun:
     def __len__(self) -> int:
         return (self._spill.size if self._spill is not None else 0) + len(self._tail)
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes | bytearray) -> None:
         tail = self._tail
         tail += data
         if self._spilling and len(tail) >= self._held:
@@ -886,7 +893,7 @@ class SpilledRun:
     def __getitem__(self, at: slice) -> bytes:
         first, end, _ = at.indices(len(self))
         split = self._spill.size if self._spill is not None else 0
-        head = os.pread(self._spill.file.fileno(), min(end, split) - first, first) if first < min(end, split) else b""
+        head = os.pread(self._spill.file.fileno(), min(end, split) - first, first) if first < min(end, split) else b""  # type: ignore[union-attr]  # split > 0: spilled
         return head + bytes(self._tail[max(first, split) - split:end - split]) if end > split else head
 
 
@@ -915,6 +922,11 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool
     name_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
     shared: dict = {}  # the kinds, and the kernels' backends, archs, versions, numbers and envs, each kept once
     unknown = 0
+    kind: Any  # checked to be str where they are used (``type(...) is str`` below, which mypy does not follow)
+    key: Any
+    name: Any
+    meta: tuple[KernelInfo | None, AutotuneInfo | None, StubInfo | None]
+    table = cast(BlobTable, blobs)  # where ``keep``, the only place it is used as one
     for n, raw_entry in enumerate(raw_entries):
         if type(raw_entry) is dict:  # the usual case, without per-field helpers
             kind, key, name = raw_entry.get("kind"), raw_entry.get("key"), raw_entry.get("name")
@@ -989,7 +1001,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool
         elif type(taken) is tuple:  # a key's second entry (an autotune result beside a group): a set from here
             claimed[key] = names.union(taken)
         else:
-            taken |= names
+            taken |= names  # type: ignore[operator]  # a set: tuples are replaced just above
         kernel = _kernel_fast(raw_meta, shared) if kind == GROUP and type(raw_meta) is dict else None
         if kernel is not None:
             meta = (kernel, None, None)
@@ -1000,7 +1012,7 @@ def _decode_entries(raw_entries, blobs: BlobTable | range, path: str, keep: bool
         if keep:
             file_blobs.append(numbers)
             names_kept = tuple(file_names)
-            files = StoredFiles(name_tuples.setdefault(names_kept, names_kept), file_blobs, len(file_blobs) - 1, blobs)
+            files = StoredFiles(name_tuples.setdefault(names_kept, names_kept), file_blobs, len(file_blobs) - 1, table)
             entries.append(_new_tuple(Entry, (shared.setdefault(kind, kind), key, name, files, *meta)))
     return entries, file_blobs, unknown
 
@@ -1009,17 +1021,18 @@ class _OutOfOrder(Exception):
     """An entry whose key comes before the key of the one before it, where the entries were not kept."""
 
 
-def _checked_so_far(entries: list[Entry]) -> tuple[set[tuple[str, str, str]], dict[str, set[str]]]:
+def _checked_so_far(entries: list[Entry]) -> tuple[set[tuple[str, str, str]], dict[str, tuple[str, ...] | set[str]]]:
     """What ``_decode_entries`` checks each entry against, for all of ``entries``: the entries, and the file
     names claimed in each key."""
-    seen, claimed = set(), {}
+    seen: set[tuple[str, str, str]] = set()
+    claimed: dict[str, set[str]] = {}
     for e in entries:
         seen.add((e.key, e.kind, e.name))
         names = claimed.setdefault(e.key, set())
         names.update(e.file_names)
         if e.kind == GROUP:
             names.add(manifest_name(e.name))
-    return seen, claimed
+    return seen, cast("dict[str, tuple[str, ...] | set[str]]", claimed)  # the sets as the caller's values
 
 
 __all__ = ["Block", "BlobRef", "BlobTable", "FileBlobs", "StoredFiles", "Index", "IndexEncoding", "FileSpan",

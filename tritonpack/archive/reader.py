@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mmap import mmap
 
 
-def _check_frame(data: bytes, size: int, what: str, path: str) -> None:
+def _check_frame(data: bytes | memoryview, size: int, what: str, path: str) -> None:
     try:
         params = zstandard.get_frame_parameters(data)
     except zstandard.ZstdError:
@@ -99,7 +99,8 @@ INDEX_CHUNK = 1 << 18  # compressed bytes of the index read at a time
 FRAME_HEADER_MAX = 18  # bytes of a zstd frame header at most (RFC 8878 §3.1.1.1)
 
 
-def _chunks(read_at: Callable[[int, int], bytes], offset: int, length: int) -> Iterator[bytes]:
+def _chunks(read_at: Callable[[int, int], bytes | memoryview], offset: int,
+            length: int) -> Iterator[bytes | memoryview]:
     """The ``length`` bytes at ``offset``, ``INDEX_CHUNK`` at a time, until a short read (a truncated archive: the
     digest, or the frame, then says so)."""
     end = offset + length
@@ -123,7 +124,7 @@ class IndexStream:
     while it decoded, was 18 MB of the 56 MB that decoding the index of 163,830 files peaked at (0.11 KB a file).
     A local archive's compressed index is read twice instead of held: once for its digest, once as it decodes."""
 
-    def __init__(self, chunks: Iterator[bytes], size: int, path: str):
+    def __init__(self, chunks: Iterator[bytes | memoryview], size: int, path: str):
         self._chunks = chunks
         self._size, self.path = size, path
         self._decompressor = zstandard.ZstdDecompressor().decompressobj()
@@ -143,7 +144,7 @@ class IndexStream:
                 raise ArchiveError("index is corrupt (its frame does not end)", self.path)
             if self._first:  # the frame's header whole, whatever the chunks
                 while len(chunk) < FRAME_HEADER_MAX and (more := next(self._chunks, None)) is not None:
-                    chunk += more
+                    chunk += more  # type: ignore[operator]  # unreached with a memoryview: a short chunk is _chunks' last
                 _check_frame(chunk, self._size, "index", self.path)
                 self._first = False
             try:
@@ -221,6 +222,7 @@ class ArchiveReader:
         check_ratio(trailer.index_size, trailer.index_length, "index", self.path)
         self.index_size = trailer.index_size
         offset, length = trailer.index_offset, trailer.index_length
+        read_at: Callable[[int, int], bytes | memoryview]
         if self.local:  # read twice, a chunk at a time: once for the digest, once as the index decodes
             digest = hashlib.sha256()
             for chunk in _chunks(source.read_at, offset, length):
@@ -241,7 +243,7 @@ class ArchiveReader:
                 check_block_expansion(blocks, self.path)
             except ArchiveError:  # the checks after the decode say so
                 return
-            self._on_blocks(self, blocks)
+            self._on_blocks(self, blocks)  # type: ignore[misc]  # on_head is passed only where it is set
 
         index = decode_index(stream, self.path, version, on_head=None if self._on_blocks is None else on_head,
                              on_blobs=self._on_blobs)
@@ -251,7 +253,7 @@ class ArchiveReader:
         self.digest = digest.hexdigest()
         return index
 
-    def _check_region(self, blocks: list[Block], index_offset: int) -> None:
+    def _check_region(self, blocks: Sequence[Block], index_offset: int) -> None:
         for n, block in enumerate(blocks):
             if block.offset < HEADER_SIZE or block.offset + block.length > index_offset:
                 raise ArchiveError(f"index: blocks[{n}] lies outside the data region", self.path)
@@ -338,6 +340,7 @@ class ArchiveReader:
         data = self.read_block(number, self._index.blocks[number])
         table = self._index.blobs
         first, end = min(blobs, default=0), max(blobs, default=-1) + 1
+        digests: Iterator[bytes]
         if end - first <= 2 * len(blobs):  # a writer's: one read of a large index's spilled digests
             run = table.digest_run(first, end)
             digests = (run[32 * (blob - first):32 * (blob - first) + 32] for blob in blobs)

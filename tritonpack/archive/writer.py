@@ -84,21 +84,33 @@ def held_buffers(files: int, block_size: int = BLOCK_SIZE) -> int:
 class SourceFile(Protocol):
     """A file to archive: a file of a cache root, or a stored file of another archive (merge)."""
 
-    name: str
-    size: int  # what the scan saw; a file that no longer has this size is an error, never half-stored
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int:  # what the scan saw; a file that no longer has this size is an error, never half-stored
+        ...
 
     def read_into(self, view: memoryview) -> None:
         """Fill ``view`` (``size`` bytes) with the contents."""
 
 
 class SourceEntry(Protocol):
-    kind: str
-    key: str
-    name: str
-    files: Sequence[SourceFile]
-    kernel: KernelInfo | None
-    autotune: AutotuneInfo | None
-    stub: StubInfo | None
+    """An entry to archive (read only: an entry may be a named tuple)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def files(self) -> Sequence[SourceFile]: ...
+    @property
+    def kernel(self) -> KernelInfo | None: ...
+    @property
+    def autotune(self) -> AutotuneInfo | None: ...
+    @property
+    def stub(self) -> StubInfo | None: ...
 
 
 class WriteResult(NamedTuple):
@@ -176,6 +188,7 @@ def _layout_order(entries: Sequence[SourceEntry], block_size: int = 0) -> array:
     too_many = f"more than {_MOST_ENTRIES} entries or {_NO_PAIR - 1} files in one cannot be archived"
     if len(entries) > _MOST_ENTRIES:
         raise UsageError(too_many)
+    all_names: set[str]
     all_names, all_targets, all_configs = set(), {""}, {_NO_CONFIG}  # an entry is read once a pass (packed ones
     previous = None  # are made again each time: none is held)
     for entry in entries:
@@ -266,7 +279,7 @@ class _Blobs(BlobTable):
 
     def __init__(self, files: int):
         super().__init__()
-        self.digests = SpilledRun(32 * HELD_DIGESTS)  # grown a blob at a time
+        self.digests: SpilledRun = SpilledRun(32 * HELD_DIGESTS)  # grown a blob at a time
         self._tags = array("I")  # by blob: the high 32 bits of its digest's hash
         # A blob number + 1 a slot (0: free); at least twice as many slots as files: never more than half full
         self._slots = array("I", [0]) * (1 << max(3, (2 * files).bit_length()))
@@ -301,7 +314,7 @@ class _Blobs(BlobTable):
         self._slots, self._tags = array("I"), array("I")
 
 
-def compress_block(data: bytes, level: int) -> bytes:
+def compress_block(data: bytes | memoryview, level: int) -> bytes:
     """One independent frame whose window spans the whole block. No long-distance matching: with alike files
     side by side the regular match finder does better (it made real caches 10% larger). At the default level,
     the lazy2 match finder searches 2^3 candidates instead of 2^4: alike files sit close together, and on a real
