@@ -70,3 +70,19 @@ def _outcome(decode, data: bytes, *buffer) -> bytes | None:
         return bytes(decode(data, len(TEXT), *buffer, "block 0", "a.tpack"))
     except ArchiveError:
         return None
+
+
+def test_an_index_frame_whose_header_is_cut_across_memoryview_chunks_reads_whole():
+    """A remote archive's index arrives as memoryviews; a first one shorter than a frame header is joined to the
+    next before the header is checked."""
+    import zstandard
+
+    from tritonpack.archive.reader import IndexStream
+
+    data = b"an index of some bytes " * 100
+    frame = zstandard.ZstdCompressor().compress(data)
+    view = memoryview(frame)
+    stream = IndexStream(iter([view[:3], view[3:7], view[7:]]), len(data), "remote.tpack")
+    out = b"".join(iter(lambda: stream.read(100), b""))
+    stream.finish()
+    assert out == data

@@ -144,7 +144,7 @@ class IndexStream:
                 raise ArchiveError("index is corrupt (its frame does not end)", self.path)
             if self._first:  # the frame's header whole, whatever the chunks
                 while len(chunk) < FRAME_HEADER_MAX and (more := next(self._chunks, None)) is not None:
-                    chunk += more  # type: ignore[operator]  # unreached with a memoryview: a short chunk is _chunks' last
+                    chunk = bytes(chunk) + more  # a memoryview (a remote archive's chunk) has no +
                 _check_frame(chunk, self._size, "index", self.path)
                 self._first = False
             try:
