@@ -4,6 +4,7 @@ Triton is optional; every function here works without it and says so by returnin
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -21,19 +22,23 @@ def release_of(version: str | None) -> tuple[int, int] | None:
 
 
 # One sha256 names a key directory, in the encoding of its Triton's release: hex before 3.2, urlsafe base64 in 3.2,
-# base32 since 3.3 (``get_cache_manager``). A Triton never looks up a key in another encoding.
-_KEY_ENCODINGS = ((re.compile(r"[0-9a-f]{64}"), "3.0-3.1"), (re.compile(r"[A-Za-z0-9_-]{43}"), "3.2"),
-                  (re.compile(r"[A-Z2-7]{52}"), "3.3+"))
+# base32 since 3.3 (``get_cache_manager``). A Triton never looks up a key in another encoding. By the key's length,
+# which tells them apart: the preflight asks for every entry.
+_KEY_ENCODINGS = {64: (re.compile(r"[0-9a-f]{64}"), "3.0-3.1"), 43: (re.compile(r"[A-Za-z0-9_-]{43}"), "3.2"),
+                  52: (re.compile(r"[A-Z2-7]{52}"), "3.3+")}
 
 
 def key_releases(key: str) -> str | None:
     """The Triton releases that name a key directory so (``"3.0-3.1"``, ``"3.2"``, ``"3.3+"``); None for another
     form."""
-    return next((releases for pattern, releases in _KEY_ENCODINGS if pattern.fullmatch(key)), None)
+    encoding = _KEY_ENCODINGS.get(len(key))
+    return encoding[1] if encoding is not None and encoding[0].fullmatch(key) else None
 
 
+@functools.lru_cache(maxsize=8)
 def releases_keyed_as(version: str | None) -> str | None:
-    """The releases (as ``key_releases`` says them) whose keys a Triton version writes; None for no version."""
+    """The releases (as ``key_releases`` says them) whose keys a Triton version writes; None for no version. Asked
+    for every entry, of the one local version: kept."""
     release = release_of(version)
     if release is None:
         return None
