@@ -27,7 +27,7 @@ from .archive.source import LocalFile
 from .archivedest import archive_file
 from .errors import RemoteError, TpackError, UsageError
 from .model import GROUP, ArchiveInfo, Entry
-from .ociauth import Authenticator
+from .ociauth import HUB_NAMES, HUB_REGISTRY, Authenticator
 from .remote import scheme_of
 from .report import human_bytes
 from .streams import STDIN_NAME, is_stdin
@@ -50,10 +50,6 @@ RETRY_PAUSE_S = 0.5
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-# Docker Hub's names, as docker reads them: its registry answers at registry-1.docker.io, and a repository of one
-# component is an official image's, under library/
-HUB_NAMES = frozenset({"docker.io", "index.docker.io"})
-HUB_REGISTRY = "registry-1.docker.io"
 
 
 @dataclass(frozen=True)
@@ -105,7 +101,7 @@ def parse_reference(url: str) -> Reference:
             raise UsageError(f"not a valid tag: {tag!r}", url)
     if not _REPOSITORY.fullmatch(repository):
         raise UsageError(f"not a valid repository name (lowercase, / separated): {repository!r}", url)
-    if registry.lower() in HUB_NAMES:
+    if registry.lower() in HUB_NAMES:  # as docker reads them; a one-part name is an official image's, under library/
         registry, repository = HUB_REGISTRY, repository if "/" in repository else f"library/{repository}"
     return Reference(registry, repository, tag, digest or None)
 

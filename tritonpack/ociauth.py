@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     import requests
 
 HUB_SERVER = "https://index.docker.io/v1/"  # the key docker keeps Docker Hub's credentials under
-HUB_HOSTS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+# Docker Hub: the names docker gives it, and the host its registry answers at
+HUB_NAMES, HUB_REGISTRY = frozenset({"docker.io", "index.docker.io"}), "registry-1.docker.io"
+HUB_HOSTS = HUB_NAMES | {HUB_REGISTRY}
 IDENTITY_USER = "<token>"  # a helper's Username for a Secret that is an identity (refresh) token
 HELPER_NOT_FOUND = "credentials not found in native keychain"  # the helper protocol's answer for none
 _PARAMETER = re.compile(r'(\w+)="([^"]*)"')
