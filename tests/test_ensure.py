@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from conftest import FIXTURES, snapshot, without_root_powers  # noqa: E402
 from kernels import HAS_LISTENER, compile_all  # noqa: E402
 
 import tritonpack  # noqa: E402
-from tritonpack.ensuring import environment_key  # noqa: E402
+from tritonpack.ensuring import KEPT_STAMPS, environment_key  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
 
 OTHER_VERSION = next((p for p in sorted((FIXTURES / "archives").glob("triton-*.tpack"))
@@ -102,6 +103,84 @@ def test_a_caller_waits_for_the_lock_holder(tmp_path, archive):
         assert not list(root.glob("*/__grp__*.json"))
     result = json.loads(waiter.communicate(timeout=60)[0])
     assert result["waited"] and result["status"] == "unpacked"
+
+
+def versions(archive, count: int, monkeypatch) -> list:
+    """``count`` versions of the archive, as a deploy makes: the same entries, each its own digest (its date)."""
+    made = []
+    for number in range(count):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", str(1_700_000_000 + number))
+        made.append(archive.with_name(f"v{number}.tpack"))
+        tritonpack.merge([archive], made[-1])
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    return made
+
+
+def stamps(root) -> list:
+    """The stamps in the root: regular files named ``ensure-<digest>-<environment>.json``."""
+    return sorted(p for p in (root / ".tritonpack").glob("ensure-*-*.json")
+                  if re.fullmatch(r"ensure-[0-9a-f]{32}-[0-9a-f]{32}\.json", p.name) and not p.is_symlink()
+                  and p.is_file())
+
+
+def plant_stale_stamps(root, count: int) -> list:
+    """Stamps of archives ensured long ago (named as ensure names them), oldest first."""
+    (root / ".tritonpack").mkdir(parents=True, exist_ok=True)
+    planted = []
+    for number in range(count):
+        planted.append(root / ".tritonpack" / f"ensure-{number:032x}-{'e' * 32}.json")
+        planted[-1].write_text('{"stamp": 1}')
+        os.utime(planted[-1], (1_000_000_000 + number, 1_000_000_000 + number))
+    return planted
+
+
+def test_a_root_that_sees_a_new_archive_at_every_deploy_keeps_the_most_recent_stamps(tmp_path, archive,
+                                                                                      monkeypatch):
+    """A persistent volume ensured at every deploy kept one stamp per archive version, forever: each stamp written
+    now prunes all but the most recent, and nothing in the directory that is not a stamp (the lock, a URL's record,
+    a temp file, a link or a directory named as a stamp, a file of the user's)."""
+    root = tmp_path / "root"
+    planted = plant_stale_stamps(root, 3)
+    bookkeeping = root / ".tritonpack"
+    others = [bookkeeping / f"ensure-url-{'a' * 32}.json", bookkeeping / "tmp.tpack.1.abcdef", bookkeeping / "notes"]
+    for other in others:
+        other.write_text("not a stamp")
+    link = bookkeeping / f"ensure-{'b' * 32}-{'c' * 32}.json"
+    directory = bookkeeping / f"ensure-{'d' * 32}-{'c' * 32}.json"
+    (tmp_path / "kept").write_text("a link's target")
+    link.symlink_to(tmp_path / "kept")
+    directory.mkdir()
+    os.utime(directory, (1, 1))
+    ensured = [tritonpack.ensure(version, root) for version in versions(archive, KEPT_STAMPS + 4, monkeypatch)]
+    assert [r.status for r in ensured] == ["unpacked"] + ["present"] * (len(ensured) - 1)
+    left = stamps(root)
+    assert len(left) == KEPT_STAMPS and root / ".tritonpack" / os.path.basename(ensured[-1].stamp) in left
+    assert not any(p.exists() for p in planted), "the oldest go first"
+    assert all(p.read_text() == "not a stamp" for p in others) and (tmp_path / "kept").exists()
+    assert link.is_symlink() and directory.is_dir() and (bookkeeping / "lock").exists()
+    pruned = next(r for r in ensured if not os.path.exists(r.stamp))
+    again = tritonpack.ensure(pruned.archive, root)  # a pruned stamp costs one check of the entries, no write
+    assert (again.status, again.written, os.path.exists(again.stamp)) == ("present", 0, True)
+    assert len(stamps(root)) == KEPT_STAMPS
+
+
+def test_processes_ensuring_new_archives_at_once_prune_only_older_stamps(tmp_path, archive, monkeypatch):
+    """Every process stamps and prunes under the lock: none removes the stamp another has just written."""
+    root, gate = tmp_path / "root", tmp_path / "go"
+    planted = plant_stale_stamps(root, KEPT_STAMPS)
+    racing = versions(archive, 6, monkeypatch)
+    tritonpack.check(archive)
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(version), str(root), str(gate)],
+                              stdout=subprocess.PIPE, text=True) for version in racing]
+    while len(list(tmp_path.glob("go.ready.*"))) < len(procs):
+        time.sleep(0.01)
+    gate.touch()
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(r["status"] for r in results) == ["present"] * 5 + ["unpacked"]
+    assert all(os.path.exists(r["stamp"]) for r in results)
+    assert len(stamps(root)) == KEPT_STAMPS and sum(p.exists() for p in planted) == KEPT_STAMPS - len(racing)
+    assert all(tritonpack.ensure(version, root).stamp == r["stamp"] for version, r in zip(racing, results, strict=True))
 
 
 def test_removed_entry_is_restored(tmp_path, archive):
@@ -200,6 +279,7 @@ def test_a_complete_root_this_process_cannot_write_is_ensured_without_writing(tm
     prefix = without_root_powers()
     root = tmp_path / "root"
     tritonpack.unpack(archive, root)
+    plant_stale_stamps(root, KEPT_STAMPS + 2)  # more than a writable root keeps: none is pruned here
     _writable(root, False)
     before = snapshot(root)
     ensure = [*prefix, sys.executable, "-m", "tritonpack", "ensure", str(archive), "--cache-dir", str(root)]

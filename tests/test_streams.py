@@ -183,9 +183,53 @@ def test_merge_takes_standard_input_once_and_push_wants_a_file(archive, tmpdir_,
     assert run(tmpdir_, "merge", archive, other, "-o", tmp_path / "named.tpack").returncode == 0
     assert (tmp_path / "piped.tpack").read_bytes() == (tmp_path / "named.tpack").read_bytes()
     twice = run(tmpdir_, "merge", "-", "-", "-o", tmp_path / "twice.tpack", stdin=b"")
-    assert (twice.returncode, twice.stderr) == (2, "error: standard input gives one archive: name - as one input "
-                                                   "at most\n")
+    assert (twice.returncode, twice.stderr) == (2, "error: standard input: named twice (inputs 1 and 2): standard "
+                                                   "input gives one archive, so - can be one input at most\n")
     push = run(tmpdir_, "push", "-", "oci://127.0.0.1:1/triton/kernels:x", stdin=archive.read_bytes())
     assert (push.returncode, push.stderr) == (2, "error: standard input: push uploads an archive file, not a "
                                                  "stream: save it to one first\n")
     assert not (tmp_path / "twice.tpack").exists()
+
+
+ONCE = "a stream (a pipe, a FIFO) gives its bytes once, so it can be one input at most"
+
+
+@pytest.mark.parametrize(("inputs", "error"), [
+    (["-", "/dev/stdin"], f"/dev/stdin: the same stream as input 1 (-): {ONCE}"),
+    (["/dev/stdin", "OTHER", "-"], f"standard input: the same stream as input 1 (/dev/stdin): {ONCE}"),
+    (["/dev/stdin", "/proc/self/fd/0"], f"/proc/self/fd/0: the same stream as input 1 (/dev/stdin): {ONCE}"),
+    (["-", "OTHER", "-"], "standard input: named twice (inputs 1 and 3): standard input gives one archive, so - can "
+                          "be one input at most"),
+])
+def test_merge_refuses_a_pipe_named_twice_before_reading_it(inputs, error, archive, tmpdir_, tmp_path):
+    """The second name of a pipe read it empty, an error that blamed the archive. Refused before anything is read:
+    the run ends while the pipe, open, has given nothing."""
+    inputs = [str(archive) if name == "OTHER" else name for name in inputs]
+    child = tritonpack_process(tmpdir_, "merge", *inputs, "-o", tmp_path / "out.tpack", stdin=subprocess.PIPE)
+    assert child.wait(timeout=60) == 2
+    assert (child.stdout.read(), child.stderr.read().decode()) == (b"", f"error: {error}\n")
+    for stream in (child.stdin, child.stdout, child.stderr):
+        stream.close()
+    assert not (tmp_path / "out.tpack").exists()
+
+
+def test_merge_refuses_a_fifo_named_twice_and_reads_a_file_named_twice(archive, tmpdir_, tmp_path):
+    """A FIFO named twice waited forever for a second writer; no writer comes here. A regular file named twice, or
+    by ``-`` and ``/dev/stdin`` when standard input is that file, is read twice and its entries stored once."""
+    fifo, link = tmp_path / "k.fifo", tmp_path / "link.fifo"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    for inputs, error in ([[fifo, archive, fifo], f"{fifo}: named twice (inputs 1 and 3): {ONCE}"],
+                          [[fifo, link.as_uri()], f"{link.as_uri()}: the same stream as input 1 ({fifo}): {ONCE}"]):
+        done = run(tmpdir_, "merge", *inputs, "-o", tmp_path / "out.tpack")
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {error}\n")
+    assert not (tmp_path / "out.tpack").exists()
+    assert run(tmpdir_, "merge", archive, "-o", tmp_path / "once.tpack").returncode == 0
+    twice = run(tmpdir_, "merge", archive, archive, "-o", tmp_path / "twice.tpack", "--json")
+    with tritonpack.open(archive) as reader:
+        assert json.loads(twice.stdout)["identical"] == len(reader.entries)
+    with open(archive, "rb") as stdin:
+        child = tritonpack_process(tmpdir_, "merge", "-", "/dev/stdin", "-o", tmp_path / "stdin.tpack", stdin=stdin)
+        assert child.communicate(timeout=120)[1] == b"" and child.returncode == 0
+    once = (tmp_path / "once.tpack").read_bytes()
+    assert (tmp_path / "twice.tpack").read_bytes() == (tmp_path / "stdin.tpack").read_bytes() == once

@@ -10,6 +10,8 @@ Many processes may call it at once (every rank of a job): the first takes an exc
 unpacking releases the lock with its death and leaves no stamp, so the next caller simply unpacks (idempotent).
 A root this process may not write (a read-only mount, an image's root started as another user) takes no lock and
 keeps no stamp: the unpack then writes nothing when every entry is in place, and fails when one is missing.
+Each stamp written (under the lock) prunes the stamps beyond the ``KEPT_STAMPS`` most recent: a root on a volume
+that sees a new archive at every deploy would otherwise keep one per archive forever.
 
 An archive behind a URL may be briefly unreachable when a pod starts. Each ensure of a URL also records, beside
 the stamps, which digest that URL (in this environment) last had; when the server cannot be reached or no longer
@@ -32,6 +34,8 @@ import glob
 import hashlib
 import json
 import os
+import re
+import stat
 import sys
 import sysconfig
 import time
@@ -51,6 +55,11 @@ STAMP_VERSION = 1
 UNPACKED = "unpacked"  # this call wrote
 PRESENT = "present"  # done before, by this or another process: nothing written
 UNUSABLE = "unusable"  # no entry of the archive would be used here: nothing written
+# Stamps a root keeps, the most recently written: a root serves a few archives (models) at once, each stamped in a
+# few environments (the build's --target, the start's GPU probe, another GPU kind), well under this; the rest are
+# the archives of past deploys. A live stamp pruned costs its next ensure one check of its entries, nothing written.
+KEPT_STAMPS = 32
+_STAMP_NAME = re.compile(r"ensure-[0-9a-f]{32}-[0-9a-f]{32}\.json")
 # Errors that say this process may not write the stamp directory (a read-only mount, a root the image's build owns)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -325,6 +334,31 @@ def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> str:
     return _write_json(stamp, doc)
 
 
+def _prune_stamps(stamp_dir: str, written: str) -> None:
+    """Remove the stamps beyond the ``KEPT_STAMPS`` most recent, never ``written`` (this call's). Called under the
+    lock, the only place stamps are written, so no stamp is written meanwhile; a process reading one without the
+    lock and finding it gone takes the lock and checks its entries. Only regular files named as ``_stamp_path``
+    names them are stamps: the lock, URL records, temp files and anything else are left alone. A stamp that
+    cannot be removed stays (a small file), to be tried again at the next stamp written."""
+    others = sorted(((mtime, path) for mtime, path in _stamps(stamp_dir) if path != written), reverse=True)
+    for _, stale in others[KEPT_STAMPS - 1:]:
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
+
+
+def _stamps(stamp_dir: str) -> list[tuple[int, str]]:
+    """The stamps in ``stamp_dir``, with their mtimes (ns): regular files named as ``_stamp_path`` names them."""
+    found: list[tuple[int, str]] = []
+    with contextlib.suppress(OSError), os.scandir(stamp_dir) as items:
+        for item in items:
+            if _STAMP_NAME.fullmatch(item.name):
+                with contextlib.suppress(OSError):
+                    st = item.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        found.append((st.st_mtime_ns, item.path))
+    return found
+
+
 def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, targets: list[str] | None,
              processes: bool, start: float) -> EnsureResult:
     """The stamp's result if it holds, else unpack (one process at a time) and stamp."""
@@ -337,6 +371,8 @@ def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, ta
                 result, markers = _unpack(path, root, digest, targets, processes)
                 result.waited = waited
                 result.unstamped = unlocked or _write_stamp(stamp, result, markers)
+                if not result.unstamped:
+                    _prune_stamps(stamp_dir, stamp)
     result.stamp = stamp
     return result
 

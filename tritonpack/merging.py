@@ -25,10 +25,10 @@ from .archive.reader import ArchiveReader
 from .archivesource import ArchiveEntry, BlobStore, archive_entry
 from .errors import ConflictError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
-from .remote import open_source
+from .remote import file_url_path, open_source, scheme_of
 from .report import count_words, human_bytes, kind_counts, plural
 from .selection import EVERYTHING, Selection
-from .streams import STDIN
+from .streams import STDIN, STDIN_NAME, stream_identity
 
 PREFER = ("first", "last")
 
@@ -154,6 +154,35 @@ def _check_paths(chosen: dict[tuple[str, str, str], tuple[int, int, Entry]], nam
             owner[(e.key, name)] = (names[source], f"{e.kind} {e.name}")
 
 
+def _stream_of(name: str) -> tuple[int, int] | None:
+    """The stream an input names (``-``, a pipe, a FIFO, ``/dev/stdin`` on a pipe, their ``file://`` URLs)."""
+    scheme = scheme_of(name)
+    if scheme not in ("", "file"):
+        return None
+    return stream_identity(file_url_path(name) if scheme == "file" else name)
+
+
+def _refuse_a_stream_named_twice(names: Sequence[str]) -> None:
+    """A stream gives its bytes once: named again, it would read empty (an error that blames the archive) or, a
+    FIFO, wait for another writer. Refused before anything is read, naming the input that repeats one. A regular
+    file named twice is read twice and its entries stored once, as ``-`` is when standard input is that file, but
+    ``-`` itself is one input at most."""
+    first: dict[object, int] = {}
+    for number, name in enumerate(names):
+        for stream in ([STDIN] if name == STDIN else []) + [_stream_of(name)]:
+            if stream is None:
+                continue
+            if stream not in first:
+                first[stream] = number
+                continue
+            earlier = names[first[stream]]
+            what = (f"named twice (inputs {first[stream] + 1} and {number + 1})" if earlier == name else
+                    f"the same stream as input {first[stream] + 1} ({earlier})")
+            why = ("standard input gives one archive, so - can be one input at most" if stream == STDIN else
+                   "a stream (a pipe, a FIFO) gives its bytes once, so it can be one input at most")
+            raise UsageError(f"{what}: {why}", STDIN_NAME if name == STDIN else name)
+
+
 def merge(
     inputs: Sequence[str | os.PathLike],
     output: str | os.PathLike,
@@ -180,8 +209,7 @@ def merge(
     created = source_date_epoch()
     start = time.perf_counter()
     names = [os.fspath(p) for p in inputs]
-    if names.count(STDIN) > 1:
-        raise UsageError("standard input gives one archive: name - as one input at most")
+    _refuse_a_stream_named_twice(names)
     with contextlib.ExitStack() as stack:
         readers = [stack.enter_context(ArchiveReader(open_source(p))) for p in names]
         chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}

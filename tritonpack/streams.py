@@ -62,6 +62,21 @@ def local_source(location: str | os.PathLike, name: str | None = None) -> LocalF
     return LocalFile.opened(copy, name)
 
 
+def stream_identity(location: str) -> tuple[int, int] | None:
+    """The device and inode of the stream that ``-`` or a local path names, found without reading it: ``stat``
+    follows ``/dev/stdin`` and ``/proc/self/fd/N`` to the pipe itself. None for a regular file (read in place, as
+    often as it is named), a directory, or what cannot be looked at (its opening will say why)."""
+    if not location.strip():
+        return None
+    try:
+        st = os.fstat(0) if location == STDIN else os.stat(os.path.expanduser(location))
+    except OSError:
+        return None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _standard_input() -> int:
     try:
         return os.dup(0)  # closed with the source; standard input itself stays open
