@@ -328,7 +328,8 @@ def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(t
                                                                               capsys):
     """The H200's 3.6 kernels, their autotune result and launcher stubs beside kernels compiled here: no one
     Triton compiled the cache, so none is recorded, each kernel is judged by its own version, and the autotune
-    result and stubs are reported unchecked. Merging the archives of the two parts gives the same bytes."""
+    result and stubs are reported unchecked. Merging the archives of the two parts gives the same entries, but each
+    input knew the Triton of its autotune result and stubs: the merged archive names it, and they are judged."""
     mixed = tmp_path / "mixed"
     shutil.copytree(gpu_cache, mixed)
     shutil.copytree(compiled_root, mixed, dirs_exist_ok=True)
@@ -352,8 +353,14 @@ def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(t
     parts = tmp_path / "h200.tpack", tmp_path / "here.tpack"
     tritonpack.pack(gpu_cache, parts[0])
     tritonpack.pack(compiled_root, parts[1])
-    tritonpack.merge(parts, tmp_path / "merged.tpack")
-    assert (tmp_path / "merged.tpack").read_bytes() == archive.read_bytes()
+    merged = tmp_path / "merged.tpack"
+    tritonpack.merge(parts, merged)
+    with tritonpack.open(merged) as reader, tritonpack.open(archive) as packed:
+        assert reader.info.format_version == (1, 2) and packed.info.format_version == (1, 0)
+        assert [(e.ident, e.files) for e in reader.entries] == [(e.ident, e.files) for e in packed.entries]
+    tuned, report = autotune_verdict(merged)
+    assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
+    assert not any("without a Triton version" in note for note in report.unchecked)
 
 
 @another_triton
