@@ -399,6 +399,12 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
                                        doc_hook=_set("entries.0.meta.tuning_key", _deep(200))).build())
     add("file-role-missing", lambda: C(entries=[{"kind": "file", "key": KEY, "name": "x.so", "files": {"x.so": b"E"},
                                                  "meta": {}}]).build())
+    add("autotune-triton-version-int", lambda: C(entries=[autotune(KEY, "f")],
+                                                 doc_hook=_set("entries.0.meta.triton_version", 36)).build())
+    add("file-triton-version-list", lambda: C(entries=[{"kind": "file", "key": KEY, "name": "x.so",
+                                                        "files": {"x.so": b"E"},
+                                                        "meta": {"role": "launcher", "triton_version": ["3.6.0"]}}]
+                                              ).build())
     # §5.1: spliced blocks (checks 13a and 27-28)
     S = lambda **kw: C(entries=[spliced_group(KEY)], splice=True, **kw).build()  # noqa: E731
     add("splice-missing", lambda: S(doc_hook=_delete("blocks.0.splices")))

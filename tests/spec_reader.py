@@ -1,4 +1,4 @@
-"""A clean-room reader of the ``.tpack`` format 1.0/1.1, written from spec/tpack-v1.md alone, as a conformance test.
+"""A clean-room reader of the ``.tpack`` format 1.0-1.2, written from spec/tpack-v1.md alone, as a conformance test.
 
 It was written from the spec without reading tritonpack's source, and it MUST NEVER import tritonpack (nor share
 code with it): it stands for a second implementation. ``tests/test_spec_reader.py`` unpacks the same archives with
@@ -235,11 +235,12 @@ def check_meta(kind: str, meta: dict | None) -> None:
         for key in ("tuning_key", "best_config"):
             if meta.get(key) is not None and deeper_than(meta[key], MAX_META_DEPTH):
                 fail(f"{where}.{key} is nested too deeply")
+        optional(meta, "triton_version", is_str, where)  # 1.2
     else:
         if meta is None:
             fail("a file entry has no meta")
         required(meta, "role", is_str, where)
-        for key in ("ext_suffix", "platform", "tag_from"):
+        for key in ("ext_suffix", "platform", "tag_from", "triton_version"):  # triton_version: 1.2
             optional(meta, key, is_str, where)
 
 

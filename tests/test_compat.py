@@ -117,7 +117,7 @@ def test_launcher_stub_of_another_python_is_not_written(tmp_path, gpu_cache):
     report = tritonpack.check(archive)
     stubs = [v for v in report.verdicts if v.entry.kind == "file"]
     if sysconfig.get_config_var("EXT_SUFFIX") != ".cpython-312-x86_64-linux-gnu.so":
-        assert stubs and all(not v.usable and v.mismatches[0].factor == "python" for v in stubs)
+        assert stubs and all(v.mismatches[-1].factor == "python" for v in stubs)
 
 
 def test_fingerprint_is_cached_and_keyed_by_environment(monkeypatch):
@@ -265,7 +265,8 @@ def autotune_verdict(archive, targets=("cuda:90",)):
 
 def test_cache_of_another_triton_records_that_triton_not_the_packers(tmp_path, gpu_cache, capsys):
     """The archive's Triton is the one that compiled the cache: the H200's 3.6, whichever Triton packs it. Its
-    autotune result, which names no version, is then judged as the golden archive (packed by 3.6) judges it."""
+    autotune result and launcher stubs, which name no version, are then judged as the golden archive (packed by
+    3.6) judges them: by 3.6, so that none is written here."""
     archive = tmp_path / "fx.tpack"
     assert main(["pack", str(gpu_cache), "-o", str(archive)]) == 0
     err = capsys.readouterr().err
@@ -281,17 +282,16 @@ def test_cache_of_another_triton_records_that_triton_not_the_packers(tmp_path, g
             "hashes not recorded, entries judged by version only") in err.splitlines()
     assert main(["list", str(archive)]) == 0
     assert f", Triton {FIXTURE_TRITON}, " in capsys.readouterr().out.splitlines()[0]
-    stubs_usable = sysconfig.get_config_var("EXT_SUFFIX") == ".cpython-312-x86_64-linux-gnu.so"
     for packed in (archive, GOLDEN):
         tuned, _ = autotune_verdict(packed)
         assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
-        assert main(["check", str(packed), "--target", "cuda:90"]) == (6 if stubs_usable else 5)
+        assert main(["check", str(packed), "--target", "cuda:90"]) == 5
         out = capsys.readouterr().out
-        assert f"6 entries: Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}" in out  # 5 kernels, 1 autotune
+        # 5 kernels, 1 autotune result, 3 launcher stubs
+        assert f"9 entries: Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}" in out
     root = tmp_path / "root"
-    code = main(["unpack", str(archive), "--cache-dir", str(root), "--target", "cuda:90"])
-    assert not list(root.glob("*/*.autotune.json"))
-    assert code == 0 if stubs_usable else (code == 5 and not root.exists())
+    assert main(["unpack", str(archive), "--cache-dir", str(root), "--target", "cuda:90"]) == 5
+    assert not root.exists()
 
 
 @another_triton
@@ -306,8 +306,8 @@ def test_cache_of_another_triton_is_used_where_that_triton_is(tmp_path, gpu_cach
     result = tritonpack.unpack(archive, tmp_path / "root", targets=["cuda:90"])
     assert result.kinds["autotune"] == 1 and result.kinds["group"] == 5
     assert len(list((tmp_path / "root").glob("*/scaled_add_kernel.autotune.json"))) == 1
-    assert "not checked: 6 entries matched by Triton version only: the archive holds no build key (nor backend " \
-           "hash) of the Triton that compiled them" in result.notes()
+    assert "not checked: 9 entries matched by Triton version only: the archive holds no build key (nor backend " \
+           "hash) of the Triton that compiled them" in result.notes()  # and the stubs, of another Python here
 
 
 def test_cache_compiled_here_records_this_tritons_build(tmp_path, compiled_root):
@@ -326,9 +326,10 @@ def test_cache_compiled_here_records_this_tritons_build(tmp_path, compiled_root)
 @another_triton
 def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(tmp_path, gpu_cache, compiled_root,
                                                                               capsys):
-    """The H200's 3.6 kernels and their autotune result beside kernels compiled here: no one Triton compiled
-    the cache, so none is recorded, each kernel is judged by its own version, and the autotune result is
-    reported unchecked. Merging the archives of the two parts gives the same bytes."""
+    """The H200's 3.6 kernels, their autotune result and launcher stubs beside kernels compiled here: no one
+    Triton compiled the cache, so none is recorded, each kernel is judged by its own version, and the autotune
+    result and stubs are reported unchecked. Merging the archives of the two parts gives the same entries, but each
+    input knew the Triton of its autotune result and stubs: the merged archive names it, and they are judged."""
     mixed = tmp_path / "mixed"
     shutil.copytree(gpu_cache, mixed)
     shutil.copytree(compiled_root, mixed, dirs_exist_ok=True)
@@ -341,9 +342,9 @@ def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(t
         assert reader.info.triton is None
     tuned, report = autotune_verdict(archive)
     assert tuned.usable
-    assert ("1 entry without a Triton version of its own (autotune results, kernels of Triton before 3.3): the "
-            "archive records no one Triton that compiled its kernels, so its Triton was not checked") \
-        in report.unchecked
+    assert ("4 entries without a Triton version of their own (autotune results, launcher stubs, kernels of Triton "
+            "before 3.3): the archive records no one Triton that compiled its kernels, so their Triton was not "
+            "checked") in report.unchecked
     for verdict in report.verdicts:
         if verdict.entry.kind == "group":
             own = verdict.entry.kernel.triton_version == HERE_VERSION
@@ -352,8 +353,14 @@ def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(t
     parts = tmp_path / "h200.tpack", tmp_path / "here.tpack"
     tritonpack.pack(gpu_cache, parts[0])
     tritonpack.pack(compiled_root, parts[1])
-    tritonpack.merge(parts, tmp_path / "merged.tpack")
-    assert (tmp_path / "merged.tpack").read_bytes() == archive.read_bytes()
+    merged = tmp_path / "merged.tpack"
+    tritonpack.merge(parts, merged)
+    with tritonpack.open(merged) as reader, tritonpack.open(archive) as packed:
+        assert reader.info.format_version == (1, 2) and packed.info.format_version == (1, 0)
+        assert [(e.ident, e.files) for e in reader.entries] == [(e.ident, e.files) for e in packed.entries]
+    tuned, report = autotune_verdict(merged)
+    assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
+    assert not any("without a Triton version" in note for note in report.unchecked)
 
 
 @another_triton
@@ -369,6 +376,37 @@ def test_archive_of_an_earlier_writer_judges_the_autotune_result_by_its_kernels(
     write_archive(str(archive), scan_cache(str(gpu_cache)).entries, ArchiveInfo("1.0.0", (1, 0), None, None, packer))
     tuned, _ = autotune_verdict(archive)
     assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
+
+
+def test_autotune_result_and_stubs_naming_their_triton_are_judged_by_it(tmp_path, gpu_cache):
+    """Format 1.2: an autotune result or a file that names its Triton is judged by that version, whatever the
+    kernels beside it name, and by the archive's build key only where the archive's record is of that version."""
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+    from tritonpack.model import named_version
+
+    def archive(name: str, version: str, recorded: TritonInfo) -> Path:
+        entries = [e._replace(autotune=e.autotune._replace(triton_version=version)) if e.autotune else
+                   e._replace(stub=e.stub._replace(triton_version=version)) if e.stub else e
+                   for e in scan_cache(str(gpu_cache)).entries]
+        path = tmp_path / name
+        write_archive(str(path), entries, ArchiveInfo("1.0.0", (1, 0), None, None, recorded))
+        return path
+
+    def verdicts(path: Path) -> list:
+        return [v for v in tritonpack.check(path, ["cuda:90"]).verdicts if v.entry.kind != "group"]
+
+    ours = archive("ours.tpack", HERE_VERSION, TritonInfo(FIXTURE_TRITON, None, {}))
+    with tritonpack.open(ours) as reader:
+        assert reader.info.format_version == (1, 2)
+        assert {named_version(e) for e in reader.entries if e.kind != "group"} == {HERE_VERSION}
+    assert len(verdicts(ours)) == 4 and all(m.factor != "triton" for v in verdicts(ours) for m in v.mismatches)
+    local = local_triton({("cuda", 90, 32)})
+    other_build = archive("build.tpack", HERE_VERSION, TritonInfo(HERE_VERSION, "0" * 64, {}))
+    assert {str(v.mismatches[0]) for v in verdicts(other_build)} == {
+        f"Triton: archive {HERE_VERSION} (build 000000000000), here {HERE_VERSION} (build {local.key_sha256[:12]})"}
+    older = archive("older.tpack", "3.1.0", TritonInfo(HERE_VERSION, "0" * 64, {}))
+    assert {v.mismatches[0] for v in verdicts(older)} == {("triton", "3.1.0", HERE_VERSION)}
 
 
 @pytest.mark.parametrize(("theirs", "releases"), [("3.0.0", "3.0-3.1"), ("3.2.0", "3.2")])

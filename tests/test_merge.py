@@ -1,24 +1,29 @@
 """merge: union of archives, identical entries once, conflicts named, deterministic, honest producer maps."""
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
+from pathlib import Path
 
 import pytest
 
 triton = pytest.importorskip("triton")
 
 from conftest import FIXTURES, snapshot  # noqa: E402
-from kernels import HAS_LISTENER, compile_all  # noqa: E402
+from kernels import HAS_LISTENER, compile_all, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
 from tritonpack.archive.writer import write_archive  # noqa: E402
 from tritonpack.cacheroot import LocalEntry, scan_cache  # noqa: E402
 from tritonpack.cli import main  # noqa: E402
 from tritonpack.merging import merged_info  # noqa: E402
-from tritonpack.model import FILE, ArchiveInfo, PythonInfo, StubInfo, TritonInfo  # noqa: E402
+from tritonpack.model import FILE, ArchiveInfo, PythonInfo, StubInfo, TritonInfo, named_version  # noqa: E402
 
 
 def subset_root(src, dst, keys):
@@ -200,3 +205,139 @@ def test_merged_info_keeps_only_what_all_inputs_agree_on():
     other_python = merged_info([(a, set()), (info("3.6.0", "k1", {}, py.__class__(*"abcde")), set())], None)
     assert other_python.python is None
     assert merged_info([(a, set()), (info("3.9.0", "k1", {}), set())], None).triton is None
+
+
+FIXTURE_TRITON = "3.6.0"  # the Triton that compiled the H200 cache (fixtures/h200-triton36)
+HERE = triton.__version__
+THIS_PYTHON = sysconfig.get_config_var("EXT_SUFFIX")
+another_triton = pytest.mark.skipif(HERE == FIXTURE_TRITON, reason="the H200 cache was compiled by this Triton")
+
+
+def key_of(label: str) -> str:
+    """A cache key directory name as Triton 3.3+ writes them (base32 of a sha256)."""
+    return base64.b32encode(hashlib.sha256(label.encode()).digest()).decode().rstrip("=")
+
+
+def with_stub_and_autotune(src: Path, dst: Path, label: str, autotune: bool) -> Path:
+    """A copy of the root ``src`` with a launcher stub for this Python and, if ``autotune``, an autotune result,
+    each in a key directory of its own as Triton puts them (no GPU here to build or tune real ones)."""
+    shutil.copytree(src, dst)
+    stub = dst / key_of(f"{label}-stub") / f"__triton_launcher{THIS_PYTHON}"
+    stub.parent.mkdir()
+    stub.write_bytes(b"\x7fELF launcher of " + label.encode())
+    if autotune:
+        tuned = dst / key_of(f"{label}-autotune") / f"{label}_kernel.autotune.json"
+        tuned.parent.mkdir()
+        tuned.write_text(json.dumps({"key": [1024], "configs_timings": [[{"kwargs": {"BLOCK": 64}, "num_warps": 4},
+                                                                         [0.5]]]}))
+    return dst
+
+
+def named_versions(archive) -> dict[str, str | None]:
+    """``key/name`` -> the Triton version each autotune result and file of ``archive`` names."""
+    with tritonpack.open(archive) as reader:
+        return {f"{e.key}/{e.name}": named_version(e) for e in reader.entries if e.kind != "group"}
+
+
+@another_triton
+def test_merged_archive_of_two_tritons_judges_autotune_results_and_stubs_by_their_own(tmp_path, gpu_cache,
+                                                                                      compiled_root, capsys):
+    """The H200's Triton 3.6 archive (kernels, an autotune result, launcher stubs) merged with one of this Triton:
+    no one Triton compiled the merged kernels, so the archive records none, but each autotune result and stub
+    names the Triton its input attributed it to (format 1.2). An unpack here skips 3.6's with the version as the
+    reason, counted, and writes this Triton's; where the entries name none (the same cache packed whole, as
+    merges wrote them before), they are reported unchecked and written, as before."""
+    old = with_stub_and_autotune(gpu_cache, tmp_path / "old", "old", autotune=False)
+    here = with_stub_and_autotune(compiled_root, tmp_path / "here", "here", autotune=True)
+    a36, ours, merged = tmp_path / "a36.tpack", tmp_path / "here.tpack", tmp_path / "m.tpack"
+    tritonpack.pack(old, a36)
+    tritonpack.pack(here, ours)
+    for packed, version in ((a36, FIXTURE_TRITON), (ours, HERE)):  # one Triton each: its record says it all
+        with tritonpack.open(packed) as reader:
+            assert reader.info.format_version == (1, 0) and reader.info.triton.version == version
+        assert set(named_versions(packed).values()) == {None}
+    alone = tmp_path / "alone.tpack"  # a merge whose record says it too names none
+    assert tritonpack.merge([a36], alone).versions_written == 0 and alone.read_bytes() == a36.read_bytes()
+
+    assert main(["merge", str(a36), str(ours), "-o", str(merged)]) == 0
+    err = capsys.readouterr().err
+    assert ("7 entries (autotune results, launcher stubs) name the Triton that produced them (format 1.2): the "
+            "merged archive's kernels would attribute them to none or to another") in err.splitlines()
+    with tritonpack.open(merged) as reader:
+        assert reader.info.format_version == (1, 2) and reader.info.triton is None
+    versions = named_versions(merged)
+    theirs = {k for k in versions if k.split("/")[0] in {p.name for p in old.iterdir()}}
+    assert len(theirs) == 5 and len(versions) == 7  # 3.6: 1 autotune result, 4 stubs; here: 1 of each
+    assert {k: v for k, v in versions.items() if k in theirs} == dict.fromkeys(theirs, FIXTURE_TRITON)
+    assert {k: v for k, v in versions.items() if k not in theirs} == dict.fromkeys(set(versions) - theirs, HERE)
+    assert main(["list", str(merged), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["entries"]
+    assert {f"{e['key']}/{e['name']}": e["triton_version"] for e in listed if e["kind"] != "group"} == versions
+
+    every_target = ",".join(f"{t.backend}:{t.arch}" for t in targets())
+    assert main(["check", str(merged), "--target", every_target, "--json"]) == 6
+    doc = json.loads(capsys.readouterr().out)
+    assert {"reason": f"Triton: archive {FIXTURE_TRITON}, here {HERE}", "entries": 10} in doc["reasons"]
+    assert not any("without a Triton version" in note for note in doc["unchecked"])
+    for e in doc["entries"]:
+        if e["kind"] != "group":
+            mine = f"{e['key']}/{e['name']}" not in theirs
+            assert e["usable"] == mine, e
+            assert mine or {"factor": "triton", "archive": FIXTURE_TRITON, "here": HERE} in e["mismatches"]
+
+    root = tmp_path / "root"
+    assert main(["unpack", str(merged), "--cache-dir", str(root), "--target", every_target]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped 10 entries that will not be used here: Triton: archive {FIXTURE_TRITON}, here {HERE}" in err
+    written = {f"{p.parent.name}/{p.name}" for p in root.glob("*/*") if not p.name.startswith("__grp__")
+               and p.name.endswith((".so", ".autotune.json"))}
+    assert written == set(versions) - theirs  # this Triton's autotune result and stub, none of 3.6's
+
+    # Without the names (one root packed whole: its kernels name several Tritons), nothing says whose they are
+    mixed = tmp_path / "mixed"
+    shutil.copytree(old, mixed)
+    shutil.copytree(here, mixed, dirs_exist_ok=True)
+    unnamed = tmp_path / "mixed.tpack"
+    tritonpack.pack(mixed, unnamed, splice_ptx=True)
+    with tritonpack.open(unnamed) as reader:
+        assert reader.info.format_version == (1, 1) and reader.info.triton is None
+    result = tritonpack.unpack(unnamed, tmp_path / "unnamed", targets=every_target.split(","))
+    assert ("not checked: 7 entries without a Triton version of their own (autotune results, launcher stubs, kernels "
+            "of Triton before 3.3): the archive records no one Triton that compiled its kernels, so their Triton was "
+            "not checked") in result.notes()
+    assert len(list((tmp_path / "unnamed").glob("*/*.autotune.json"))) == 2
+
+
+@another_triton
+def test_one_autotune_result_from_two_tritons_is_explained_and_its_conflict_names_them(tmp_path, gpu_cache,
+                                                                                        compiled_root, capsys):
+    """The same autotune result (key directory and name) in archives attributed to different Tritons: with the
+    same bytes it is stored once, as before, and said; with other bytes it is a conflict, as before, whose error and
+    notes name both Tritons, and the version kept is the kept entry's."""
+    (tuned,) = gpu_cache.glob("*/*.autotune.json")
+    a36, same, other = tmp_path / "a36.tpack", tmp_path / "same.tpack", tmp_path / "other.tpack"
+    tritonpack.pack(gpu_cache, a36)
+    for archive, data in ((same, tuned.read_bytes()), (other, b'{"key": [2], "configs_timings": []}')):
+        root = tmp_path / archive.stem
+        shutil.copytree(compiled_root, root)
+        (root / tuned.parent.name).mkdir()
+        (root / tuned.parent.name / tuned.name).write_bytes(data)
+        tritonpack.pack(root, archive)
+    where = f"{tuned.parent.name}/{tuned.name} (autotune)"
+
+    out = tmp_path / "m.tpack"
+    result = tritonpack.merge([a36, same], out)
+    assert result.identical == 1 and result.identical_other_triton == [
+        f"{where} (Triton {FIXTURE_TRITON} in {a36}, {HERE} in {same}): kept as {a36}'s"]
+    assert f"the same bytes from different Tritons, stored once: {result.identical_other_triton[0]}" in result.notes()
+    assert named_versions(out)[f"{tuned.parent.name}/{tuned.name}"] == FIXTURE_TRITON
+
+    assert main(["merge", str(a36), str(other), "-o", str(out)]) == 9
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {other}: {where} differs from {a36}'s (Triton {FIXTURE_TRITON} in {a36}, {HERE} "
+                          f"in {other}) (the same cache key, other files") and err.count("\n") == 1
+    last = tritonpack.merge([a36, other], out, prefer="last")
+    assert last.conflicts == [f"{where}: kept from {other} (Triton {HERE} in {other}, {FIXTURE_TRITON} in {a36})"]
+    assert named_versions(out)[f"{tuned.parent.name}/{tuned.name}"] == HERE
+    (verdict,) = [v for v in tritonpack.check(out).verdicts if v.entry.kind == "autotune"]
+    assert verdict.usable  # this Triton's, here

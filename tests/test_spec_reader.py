@@ -96,6 +96,12 @@ ACCEPTED = {
     "unused-bytes-around-blocks": lambda: Crafted(split=True, gap=7).build(),
     "negative-arch": lambda: Crafted(doc_hook=lambda d: d["entries"][0]["meta"].update(arch=-3)).build(),
     "tuning-key-32-deep": lambda: _tuning_key(31),
+    "autotune-result-and-file-naming-their-triton-1.2": lambda: Crafted(
+        header=(MAGIC, 1, 2, 0),
+        entries=[group(KEY, "k"), autotune(KEY2, "k"),
+                 {"kind": "file", "key": KEY2, "name": "x.so", "files": {"x.so": b"\x7fELF"},
+                  "meta": {"role": "launcher", "triton_version": "3.9.0"}}],
+        doc_hook=lambda d: (d.update(version=[1, 2]), d["entries"][1]["meta"].update(triton_version="3.6.0"))).build(),
 }
 
 # Archives a reader must refuse (§4, §7): both refuse them, creating nothing
@@ -103,6 +109,8 @@ REFUSED = {
     "bin-key-in-meta": lambda: Crafted(doc_hook=lambda d: d["entries"][0]["meta"].update({b"x": 1})).build(),
     "key-twice-in-meta": lambda: Crafted(raw_hook=repeat_first_meta_key).build(),
     "tuning-key-33-deep": lambda: _tuning_key(32),
+    "autotune-triton-version-int": lambda: Crafted(entries=[group(KEY, "k"), autotune(KEY2, "k")], doc_hook=lambda d:
+                                                   d["entries"][1]["meta"].update(triton_version=36)).build(),
     "blanks-empty": lambda: Crafted(entries=[spliced_group(KEY)], splice=True,
                                     doc_hook=lambda d: d["blocks"][0]["splices"][0].__setitem__(4, b"")).build(),
     "empty-source-inside-a-text": lambda: Crafted(entries=[spliced_group(KEY)], splice=True,

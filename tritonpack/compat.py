@@ -1,9 +1,10 @@
 """The preflight: will this environment's Triton use an archive's entries, and if not, which factor differs.
 
 An entry is used only if the local Triton computes the same cache key: same Triton build (``triton_key()``), same
-backend hash (``ptxas --version`` for CUDA) and target, same cache-invalidating environment variables. Launcher
-stubs must match the Python ABI and platform. What cannot be checked here (no Triton, no GPU) is reported, never
-refused.
+backend hash (``ptxas --version`` for CUDA) and target, same cache-invalidating environment variables. Autotune
+results and launcher stubs are judged by the Triton that produced them too (their own version, in a 1.2 archive,
+else that of the kernels packed beside them), and launcher stubs must match the Python ABI and platform. What cannot
+be checked here (no Triton, no GPU) is reported, never refused.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import NamedTuple
 
 from .fingerprint import LocalTriton
 from .gpus import Target
-from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo
+from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo, named_version
 from .report import entries as count_entries
 from .triton_env import key_releases, releases_keyed_as
 
@@ -147,11 +148,12 @@ def _version_text(version: str | None, key: str | None) -> str:
     return f"{version or '?'} (build {key[:12]})" if key else (version or "?")
 
 
-def _attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | None:
-    """The Triton the entries that name no version of their own (autotune results, kernels of Triton before 3.3)
-    came from: the one that compiled the kernels beside them. The archive's record when the kernels name its
-    version, or none names one; the version alone when they name another (earlier writers recorded the packing
-    host's Triton); none when they name several, and those entries are then reported unchecked."""
+def attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | None:
+    """The Triton the entries that name no version of their own (autotune results and files without
+    ``triton_version``, kernels of Triton before 3.3) came from: the one that compiled the kernels beside them
+    (spec §4.2). The archive's record when the kernels name its version, or none names one; the version alone when
+    they name another (earlier writers recorded the packing host's Triton); none when they name several, and those
+    entries are then reported unchecked."""
     named = {e.kernel.triton_version for e in entries if e.kind == GROUP and e.kernel and e.kernel.triton_version}
     if not named or (info.triton is not None and named == {info.triton.version}):
         return info.triton
@@ -162,7 +164,7 @@ def _compiler(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> Tr
     """What the archive says of the Triton that compiled ``entry``: its build key and backend hashes only when
     the archive's record is of the version the entry names. A kernel that names none (before 3.3) is not held to a
     Triton whose release writes its key in another encoding (a root of kernels from before and after 3.3)."""
-    own = entry.kernel.triton_version if entry.kernel else None
+    own = named_version(entry)
     if own is None:
         if unowned is None or entry.kind != GROUP:
             return unowned
@@ -257,8 +259,8 @@ def _triton_unchecked(no_compiler: int, by_version: int, unhashed: Counter[str])
     if no_compiler:
         own = "its" if no_compiler == 1 else "their"
         notes.append(f"{count_entries(no_compiler)} without a Triton version of {own} own (autotune results, "
-                     f"kernels of Triton before 3.3): the archive records no one Triton that compiled its kernels, "
-                     f"so {own} Triton was not checked")
+                     f"launcher stubs, kernels of Triton before 3.3): the archive records no one Triton that "
+                     f"compiled its kernels, so {own} Triton was not checked")
     if by_version:
         notes.append(f"{count_entries(by_version)} matched by Triton version only: the archive holds no build key (nor "
                      "backend hash) of the Triton that compiled them")
@@ -277,29 +279,28 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
         unchecked.append("no GPU visible: target arch not checked (use --target to name the GPUs)")
     if any(e.kind == AUTOTUNE for e in entries):
         unchecked.append("autotune results record no target or env vars: only their Triton was checked")
-    unowned = _attributed(entries, info) if env.triton is not None else None
+    unowned = attributed(entries, info) if env.triton is not None else None
     mismatches = {}
     no_compiler = by_version = 0
     unhashed: Counter[str] = Counter()  # usable kernels by target, whose backend hash cannot be computed here
     for n, entry in enumerate(entries):
         found: list[Mismatch] = []
-        if entry.kind == FILE:
-            found += _check_stub(entry, env)
-        else:
-            if env.triton is not None:
-                compiler = _compiler(entry, info, unowned)
-                found += _check_triton(compiler, env.triton) or _check_key(entry, env.triton)
-                if not found:
-                    no_compiler += compiler is None
-                    by_version += compiler is not None and not compiler.key_sha256
-                if entry.kind == GROUP and not found:
-                    found += _check_backend(entry, compiler, env.triton)
-                if entry.kind == GROUP:
-                    found += _check_env(entry, env.triton)
+        if env.triton is not None:
+            compiler = _compiler(entry, info, unowned)
+            found += _check_triton(compiler, env.triton) or _check_key(entry, env.triton)
+            if not found:
+                no_compiler += compiler is None
+                by_version += compiler is not None and not compiler.key_sha256
+            if entry.kind == GROUP and not found:
+                found += _check_backend(entry, compiler, env.triton)
             if entry.kind == GROUP:
-                found += _check_target(entry, env)
-                if not found and env.triton is not None and (target := _unhashed_target(entry, compiler, env.triton)):
-                    unhashed[target] += 1
+                found += _check_env(entry, env.triton)
+        if entry.kind == GROUP:
+            found += _check_target(entry, env)
+            if not found and env.triton is not None and (target := _unhashed_target(entry, compiler, env.triton)):
+                unhashed[target] += 1
+        elif entry.kind == FILE:
+            found += _check_stub(entry, env)
         if found:
             mismatches[n] = tuple(found)
     unchecked += _triton_unchecked(no_compiler, by_version, unhashed)

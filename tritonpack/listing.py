@@ -28,10 +28,11 @@ def entry_to_dict(entry: Entry) -> dict:
     if entry.autotune:
         a = entry.autotune
         d.update(function=a.function, tuning_key=_jsonable(a.tuning_key), configs=a.configs,
-                 best_config=_jsonable(a.best_config), best_timing=a.best_timing)
+                 best_config=_jsonable(a.best_config), best_timing=a.best_timing, triton_version=a.triton_version)
     if entry.stub:
         s = entry.stub
-        d.update(role=s.role, ext_suffix=s.ext_suffix, platform=s.platform, tag_from=s.tag_from)
+        d.update(role=s.role, ext_suffix=s.ext_suffix, platform=s.platform, tag_from=s.tag_from,
+                 triton_version=s.triton_version)
     return d
 
 

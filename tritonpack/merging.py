@@ -10,6 +10,9 @@ that Triton version. A merged archive
 therefore keeps only what every contributing input agrees on: one Triton version (else no ``triton`` map, and the
 preflight falls back to each kernel's own recorded version), one build key (else none), and per target the
 backend hash all inputs that have it agree on. The merging host's own Triton is never claimed: it compiled nothing.
+Autotune results and files name no version of their own: each input attributes them to the Triton of its kernels
+(spec §4.2), and where the merged archive would attribute them to none or to another (inputs of several Tritons),
+the merge writes that input's version in their ``meta`` (format 1.2), so that none is left unchecked for it.
 """
 from __future__ import annotations
 
@@ -23,10 +26,12 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .archivesource import ArchiveEntry, BlobStore, archive_entry
+from .compat import attributed
 from .errors import ConflictError, UsageError
-from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name, named_version
 from .remote import file_url_path, open_source, scheme_of
 from .report import count_words, human_bytes, kind_counts, plural
+from .report import entries as count_entries
 from .selection import EVERYTHING, Selection
 from .streams import STDIN, STDIN_NAME, stream_identity
 
@@ -50,7 +55,10 @@ class MergeResult:
     inputs: list[MergeInput]
     entries: dict[str, int]  # kind -> count
     identical: int  # entries found in more than one input with the same files, stored once
+    # "key/name (kind): ...": of those, autotune results and files the inputs attribute to different Tritons
+    identical_other_triton: list[str]
     conflicts: list[str]  # "key/name (kind)": resolved by prefer
+    versions_written: int  # autotune results and files whose Triton version the output names (format 1.2)
     prefer: str | None
     files: int
     unique_blobs: int
@@ -82,6 +90,13 @@ class MergeResult:
         lines = [f"conflict resolved (--prefer {self.prefer}): {c}" for c in self.conflicts[:10]]
         if len(self.conflicts) > 10:
             lines.append(f"... and {len(self.conflicts) - 10} more conflicts")
+        lines += [f"the same bytes from different Tritons, stored once: {c}" for c in self.identical_other_triton[:10]]
+        if len(self.identical_other_triton) > 10:
+            lines.append(f"... and {len(self.identical_other_triton) - 10} more stored once from different Tritons")
+        if self.versions_written:
+            lines.append(f"{count_entries(self.versions_written)} (autotune results, launcher stubs) name the Triton "
+                         "that produced them (format 1.2): the merged archive's kernels would attribute them to none "
+                         "or to another")
         if self.unknown_entries:
             lines.append(f"dropped {self.unknown_entries} entries of a kind this tritonpack does not know")
         if len({(i.triton_version, i.triton_key_sha256) for i in self.inputs if i.contributed}) > 1:
@@ -129,6 +144,35 @@ def _producer_words(info: ArchiveInfo) -> str:
     key = info.triton.key_sha256
     build = f", build {key[:12]}" if key else ", build key unknown (inputs differ, or record none)"
     return f"Triton {info.triton.version}{build}, backend hashes for {len(info.triton.backend_hashes)} target(s)"
+
+
+def _produced_by(entry: Entry, unowned: TritonInfo | None) -> str | None:
+    """The Triton version that produced an autotune result or a file, as its archive says it (spec §4.2): its
+    own, else the one the archive attributes to the entries that name none."""
+    return named_version(entry) or (unowned.version if unowned is not None else None)
+
+
+def _with_version(entry: Entry, version: str | None) -> Entry:
+    """An autotune result or a file naming ``version`` as its Triton (None: naming none)."""
+    if entry.autotune is not None:
+        return entry._replace(autotune=entry.autotune._replace(triton_version=version))
+    if entry.stub is not None:
+        return entry._replace(stub=entry.stub._replace(triton_version=version))
+    return entry
+
+
+def _named(version: str | None, output: TritonInfo | None) -> str | None:
+    """The version an autotune result or a file names in the merged archive: the one its input attributes to it,
+    where the merged archive would attribute it to none or to another (spec §4.6); else none, the archive's
+    record saying it."""
+    return version if output is None or version != output.version else None
+
+
+def _tritons(first: tuple[str | None, str], second: tuple[str | None, str]) -> str:
+    """`` (Triton 3.6.0 in a.tpack, 3.9.0 in b.tpack)``, where two inputs attribute one entry to different Tritons
+    (``(version, input)`` each); empty where they agree."""
+    (one, one_input), (other, other_input) = first, second
+    return f" (Triton {one or 'unknown'} in {one_input}, {other or 'unknown'} in {other_input})" if one != other else ""
 
 
 def _conflict_error(clashes: list[tuple[int, str]], names: Sequence[str]) -> ConflictError:
@@ -212,8 +256,14 @@ def merge(
     _refuse_a_stream_named_twice(names)
     with contextlib.ExitStack() as stack:
         readers = [stack.enter_context(ArchiveReader(open_source(p))) for p in names]
+        unowned = [attributed(r.entries, r.info) for r in readers]  # each input's Triton of its autotune results
+
+        def version(source: int, entry: Entry) -> str | None:
+            return None if entry.kind == GROUP else _produced_by(entry, unowned[source])
+
         chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}
         identical = 0
+        identical_other_triton: list[str] = []
         conflicts: list[str] = []
         clashes: list[tuple[int, str]] = []  # (input, what differs from whose): unsettled, without prefer
         for source, reader in enumerate(readers):
@@ -228,14 +278,19 @@ def merge(
                     chosen[ident] = (source, number, entry)
                     continue
                 first_source, _, first = chosen[ident]
+                where = f"{entry.key}/{entry.name} ({entry.kind})"
+                earlier = (version(first_source, first), names[first_source])
+                this = (version(source, entry), names[source])
                 if _content(first) == _content(entry):
                     identical += 1
+                    if earlier[0] != this[0]:
+                        identical_other_triton.append(f"{where}{_tritons(earlier, this)}: kept as {earlier[1]}'s")
                     continue
-                where = f"{entry.key}/{entry.name} ({entry.kind})"
                 if prefer is None:
-                    clashes.append((source, f"{where} differs from {names[first_source]}'s"))
+                    clashes.append((source, f"{where} differs from {earlier[1]}'s{_tritons(earlier, this)}"))
                     continue
-                conflicts.append(f"{where}: kept from {names[first_source] if prefer == 'first' else names[source]}")
+                winner, loser = (earlier, this) if prefer == "first" else (this, earlier)
+                conflicts.append(f"{where}: kept from {winner[1]}{_tritons(winner, loser)}")
                 if prefer == "last":
                     chosen[ident] = (source, number, entry)
         if clashes:
@@ -247,12 +302,16 @@ def merge(
         keep = {(s, n): selection.file_indices(readers[s].entries[n]) for s, n, _ in picked}
         store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, _ in picked for j in keep[(s, n)]),
                           max_blocks=max_blocks)
-        sources: list[ArchiveEntry] = [archive_entry(readers[s], s, n, readers[s].entries[n], store, keep[(s, n)])
-                                       for s, n, _ in picked]
         contributing = sorted({s for s, _, _ in picked})
         info = merged_info([(readers[n].info, {e.kernel.target for s, _, e in picked
                                                 if s == n and e.kernel and e.kernel.backend})
                             for n in contributing], created)
+        theirs = attributed([e for _, _, e in picked], info)  # what the output would attribute to them
+        named = {(s, n): _named(version(s, e), theirs) for s, n, e in picked if e.kind != GROUP}
+        sources: list[ArchiveEntry] = [
+            archive_entry(readers[s], s, n, _with_version(readers[s].entries[n], named[(s, n)])
+                          if (s, n) in named else readers[s].entries[n], store, keep[(s, n)])
+            for s, n, _ in picked]
         written = write_archive(os.fspath(output), sources, info, level=level)
         contributed = [sum(1 for s, _, _ in picked if s == n) for n in range(len(readers))]
         return MergeResult(
@@ -265,7 +324,9 @@ def merge(
             ) for n, r in enumerate(readers)],
             entries=kind_counts(e.kind for _, _, e in picked),
             identical=identical,
+            identical_other_triton=identical_other_triton,
             conflicts=conflicts,
+            versions_written=sum(v is not None for v in named.values()),
             prefer=prefer,
             files=written.files,
             unique_blobs=written.blobs,

@@ -101,6 +101,7 @@ class AutotuneInfo(NamedTuple):
     configs: int
     best_config: dict[str, Any]
     best_timing: list[float]
+    triton_version: str | None = None  # the Triton that tuned it, where an archive names it (format 1.2)
 
 
 class StubInfo(NamedTuple):
@@ -110,6 +111,14 @@ class StubInfo(NamedTuple):
     ext_suffix: str | None = None  # e.g. ".cpython-311-x86_64-linux-gnu.so"
     platform: str | None = None  # sysconfig.get_platform() of the packing host
     tag_from: str | None = None  # "filename" when the name carries the ABI tag, "packer" when assumed
+    triton_version: str | None = None  # the Triton that built it, where an archive names it (format 1.2)
+
+
+def named_version(entry: Entry) -> str | None:
+    """The Triton version an entry names of its own (a kernel's metadata; an autotune result's or a file's, in a
+    1.2 archive), or None: the preflight then judges it by the Triton its archive attributes to it."""
+    info = entry.kernel or entry.autotune or entry.stub
+    return info.triton_version if info is not None else None
 
 
 class Entry(NamedTuple):

@@ -9,7 +9,10 @@ from ..errors import ArchiveError, UnsupportedFormatError
 MAGIC = b"\x89TPACK\r\n"
 TRAILER_MAGIC = b"TPACKEND"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1  # the newest this tritonpack reads and writes; 1.1 added blocks of codec zstd-splice (§5.1)
+# The newest this tritonpack reads and writes: 1.1 added blocks of codec zstd-splice (§5.1), 1.2 the Triton version
+# of autotune results and files (§4.6)
+FORMAT_MINOR = 2
+ENTRY_VERSIONS = (1, 2)  # the version a writer declares where an autotune result or a file names its Triton
 
 HEADER = struct.Struct("<8sHHI")  # magic, major, minor, flags
 TRAILER = struct.Struct("<QQQ32s8s")  # index offset, index length, index size, sha256(index bytes), magic

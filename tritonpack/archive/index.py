@@ -238,12 +238,15 @@ def _entry_meta(entry: Entry) -> dict:
         })
     if entry.autotune is not None:
         a = entry.autotune
-        return {"function": a.function, "tuning_key": a.tuning_key, "configs": a.configs,
+        meta = {"function": a.function, "tuning_key": a.tuning_key, "configs": a.configs,
                 "best_config": a.best_config, "best_timing": a.best_timing}
+        if a.triton_version is not None:
+            meta["triton_version"] = a.triton_version
+        return meta
     if entry.stub is not None:
         s = entry.stub
         return _drop_none({"role": s.role, "ext_suffix": s.ext_suffix, "platform": s.platform,
-                           "tag_from": s.tag_from})
+                           "tag_from": s.tag_from, "triton_version": s.triton_version})
     return {}
 
 
@@ -501,10 +504,11 @@ def _decode_meta(kind: str, meta: _Fields) -> tuple[KernelInfo | None, AutotuneI
         return None, AutotuneInfo(
             function=meta.get("function", str), tuning_key=meta.get("tuning_key", list, False) or [],
             configs=meta.uint("configs", False) or 0, best_config=meta.get("best_config", dict, False) or {},
-            best_timing=[float(t) for t in timing]), None
+            best_timing=[float(t) for t in timing], triton_version=meta.get("triton_version", str, False)), None
     return None, None, StubInfo(
         role=meta.get("role", str), ext_suffix=meta.get("ext_suffix", str, False),
-        platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False))
+        platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False),
+        triton_version=meta.get("triton_version", str, False))
 
 
 def decode_blocks(raw_blocks: list, path: str) -> list[Block]:

@@ -22,10 +22,22 @@ import zstandard
 from ..archivedest import archive_file
 from ..errors import ArchiveError, CacheError, ReaderLimitError, UsageError
 from ..forking import cores, fork_safe, private_map
-from ..model import ArchiveInfo, AutotuneInfo, KernelInfo, StubInfo, index_order, names_of, sizes_of, total_size
+from ..model import (
+    GROUP,
+    ArchiveInfo,
+    AutotuneInfo,
+    KernelInfo,
+    StubInfo,
+    index_order,
+    named_version,
+    names_of,
+    sizes_of,
+    total_size,
+)
 from . import splice
 from .format import (
     DEFAULT_LEVEL,
+    ENTRY_VERSIONS,
     HEADER_SIZE,
     MAX_BLOCK_SIZE,
     TRAILER_SIZE,
@@ -486,13 +498,17 @@ def _write(out, path, scratch, entries, info, level, block_size, threads, on_fil
                if cubin != _NO_PAIR}
     if splice_ptx and not partner:  # no cubin beside its .ptx (HIP, binary-only): no 1.1 feature can be used
         info = info._replace(format_version=(1, 0))
-    out.write(pack_header(info.format_version[1]))
-    offset = HEADER_SIZE
     blocks: list[Block] = []
     counts, total = [], 0  # a large scan's entries are made again each time they are read: one pass
+    versioned = False  # an autotune result or a file names its Triton: a 1.2 feature
     for e in entries:
         counts.append(len(e.files))
         total += total_size(e.files)
+        versioned = versioned or (e.kind != GROUP and named_version(e) is not None)
+    if versioned and info.format_version < ENTRY_VERSIONS:
+        info = info._replace(format_version=ENTRY_VERSIONS)
+    out.write(pack_header(info.format_version[1]))
+    offset = HEADER_SIZE
     if total > max_unpack_bytes():
         raise ReaderLimitError(f"the files add up to {total} bytes, more than a reader unpacks ({max_unpack_bytes()}, "
                                f"{ENV_MAX_UNPACK_BYTES}): {_NARROW}", path)
