@@ -17,7 +17,7 @@ from conftest import FIXTURES, snapshot, without_root_powers  # noqa: E402
 from kernels import HAS_LISTENER, compile_all  # noqa: E402
 
 import tritonpack  # noqa: E402
-from tritonpack.ensuring import KEPT_STAMPS, environment_key  # noqa: E402
+from tritonpack.ensuring import KEPT_STAMPS, archive_digest, environment_key  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
 
 OTHER_VERSION = next((p for p in sorted((FIXTURES / "archives").glob("triton-*.tpack"))
@@ -137,30 +137,42 @@ def plant_stale_stamps(root, count: int) -> list:
 def test_a_root_that_sees_a_new_archive_at_every_deploy_keeps_the_most_recent_stamps(tmp_path, archive,
                                                                                       monkeypatch):
     """A persistent volume ensured at every deploy kept one stamp per archive version, forever: each stamp written
-    now prunes all but the most recent, and nothing in the directory that is not a stamp (the lock, a URL's record,
-    a temp file, a link or a directory named as a stamp, a file of the user's)."""
+    now prunes all but the most recent, and the URL records whose stamp is gone, and nothing else in the directory
+    (the lock, a temp file, a link or a directory named as a stamp, a file of the user's)."""
     root = tmp_path / "root"
     planted = plant_stale_stamps(root, 3)
     bookkeeping = root / ".tritonpack"
-    others = [bookkeeping / f"ensure-url-{'a' * 32}.json", bookkeeping / "tmp.tpack.1.abcdef", bookkeeping / "notes"]
+    others = [bookkeeping / f"ensure-url-{'a' * 32}.json.tmp", bookkeeping / "tmp.tpack.1.abcdef",
+              bookkeeping / "notes"]
     for other in others:
         other.write_text("not a stamp")
+    # URL records go with the stamp they name: one naming a planted stamp, and one that names none (unreadable)
+    stale_records = [bookkeeping / f"ensure-url-{'a' * 32}.json", bookkeeping / f"ensure-url-{'f' * 32}.json"]
+    stale_records[0].write_text(json.dumps({"stamp": 1, "location": "https://h/a.tpack", "environment": "e" * 64,
+                                            "digest": f"{0:032x}" + "0" * 32}))
+    stale_records[1].write_text("not a record")
+    deployed = versions(archive, KEPT_STAMPS + 4, monkeypatch)
     link = bookkeeping / f"ensure-{'b' * 32}-{'c' * 32}.json"
     directory = bookkeeping / f"ensure-{'d' * 32}-{'c' * 32}.json"
     (tmp_path / "kept").write_text("a link's target")
     link.symlink_to(tmp_path / "kept")
     directory.mkdir()
     os.utime(directory, (1, 1))
-    ensured = [tritonpack.ensure(version, root) for version in versions(archive, KEPT_STAMPS + 4, monkeypatch)]
+    ensured = [tritonpack.ensure(version, root) for version in deployed]
     assert [r.status for r in ensured] == ["unpacked"] + ["present"] * (len(ensured) - 1)
     left = stamps(root)
     assert len(left) == KEPT_STAMPS and root / ".tritonpack" / os.path.basename(ensured[-1].stamp) in left
     assert not any(p.exists() for p in planted), "the oldest go first"
     assert all(p.read_text() == "not a stamp" for p in others) and (tmp_path / "kept").exists()
+    assert not any(p.exists() for p in stale_records)
     assert link.is_symlink() and directory.is_dir() and (bookkeeping / "lock").exists()
     pruned = next(r for r in ensured if not os.path.exists(r.stamp))
+    live_record = bookkeeping / f"ensure-url-{'b' * 32}.json"  # names the last deploy's stamp: kept
+    live_record.write_text(json.dumps({"stamp": 1, "location": "https://h/b.tpack", "environment": environment_key(),
+                                       "digest": archive_digest(str(deployed[-1]))}))
     again = tritonpack.ensure(pruned.archive, root)  # a pruned stamp costs one check of the entries, no write
     assert (again.status, again.written, os.path.exists(again.stamp)) == ("present", 0, True)
+    assert live_record.exists() and os.path.exists(ensured[-1].stamp)
     assert len(stamps(root)) == KEPT_STAMPS
 
 

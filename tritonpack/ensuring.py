@@ -10,8 +10,9 @@ Many processes may call it at once (every rank of a job): the first takes an exc
 unpacking releases the lock with its death and leaves no stamp, so the next caller simply unpacks (idempotent).
 A root this process may not write (a read-only mount, an image's root started as another user) takes no lock and
 keeps no stamp: the unpack then writes nothing when every entry is in place, and fails when one is missing.
-Each stamp written (under the lock) prunes the stamps beyond the ``KEPT_STAMPS`` most recent: a root on a volume
-that sees a new archive at every deploy would otherwise keep one per archive forever.
+Each stamp written (under the lock) prunes the stamps beyond the ``KEPT_STAMPS`` most recent, and the URL records
+whose stamp is gone: a root on a volume that sees a new archive at every deploy would otherwise keep one of each per
+archive forever.
 
 An archive behind a URL may be briefly unreachable when a pod starts. Each ensure of a URL also records, beside
 the stamps, which digest that URL (in this environment) last had; when the server cannot be reached or no longer
@@ -60,6 +61,7 @@ UNUSABLE = "unusable"  # no entry of the archive would be used here: nothing wri
 # the archives of past deploys. A live stamp pruned costs its next ensure one check of its entries, nothing written.
 KEPT_STAMPS = 32
 _STAMP_NAME = re.compile(r"ensure-[0-9a-f]{32}-[0-9a-f]{32}\.json")
+_RECORD_NAME = re.compile(r"ensure-url-[0-9a-f]{32}\.json")
 # Errors that say this process may not write the stamp directory (a read-only mount, a root the image's build owns)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -338,20 +340,41 @@ def _prune_stamps(stamp_dir: str, written: str) -> None:
     """Remove the stamps beyond the ``KEPT_STAMPS`` most recent, never ``written`` (this call's). Called under the
     lock, the only place stamps are written, so no stamp is written meanwhile; a process reading one without the
     lock and finding it gone takes the lock and checks its entries. Only regular files named as ``_stamp_path``
-    names them are stamps: the lock, URL records, temp files and anything else are left alone. A stamp that
-    cannot be removed stays (a small file), to be tried again at the next stamp written."""
-    others = sorted(((mtime, path) for mtime, path in _stamps(stamp_dir) if path != written), reverse=True)
+    names them are stamps; the URL records whose stamp is gone go with it, and the lock, temp files and anything
+    else are left alone. A stamp that cannot be removed stays (a small file), to be tried again at the next stamp
+    written."""
+    others = sorted(((mtime, path) for mtime, path in _ours(stamp_dir, _STAMP_NAME) if path != written), reverse=True)
     for _, stale in others[KEPT_STAMPS - 1:]:
         with contextlib.suppress(OSError):
             os.unlink(stale)
+    _prune_records(stamp_dir)
 
 
-def _stamps(stamp_dir: str) -> list[tuple[int, str]]:
-    """The stamps in ``stamp_dir``, with their mtimes (ns): regular files named as ``_stamp_path`` names them."""
+def _prune_records(stamp_dir: str) -> None:
+    """Remove the URL records whose stamp is gone: a record serves only to name a stamp to trust when its URL is
+    unreachable, so a deploy that ensures a new URL each time would otherwise keep one per URL forever. Records are
+    written outside the lock: one rewritten between its reading here and its removal is lost, and the next ensure
+    of its URL writes it again (only that URL's fallback is missing meanwhile)."""
+    for _, record in _ours(stamp_dir, _RECORD_NAME):
+        try:
+            with open(record, encoding="utf-8") as f:
+                doc = json.load(f)
+            digest, env_key = doc["digest"], doc["environment"]
+            if os.path.exists(_stamp_path(stamp_dir, digest, env_key)):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: names no stamp to trust
+        with contextlib.suppress(OSError):
+            os.unlink(record)
+
+
+def _ours(stamp_dir: str, name: re.Pattern[str]) -> list[tuple[int, str]]:
+    """The stamps or the URL records in ``stamp_dir``, with their mtimes (ns): regular files named as ensure names
+    them; nothing else there is ever removed."""
     found: list[tuple[int, str]] = []
     with contextlib.suppress(OSError), os.scandir(stamp_dir) as items:
         for item in items:
-            if _STAMP_NAME.fullmatch(item.name):
+            if name.fullmatch(item.name):
                 with contextlib.suppress(OSError):
                     st = item.stat(follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
