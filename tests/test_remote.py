@@ -190,6 +190,22 @@ def test_a_server_that_never_answers_times_out_in_one_line(monkeypatch, capsys):
     assert err == f"error: {url}: timed out\n", err
 
 
+def test_every_timeout_of_the_http_stack_is_said_timed_out():
+    """Which one the silent server above raises depends on timing (aiohttp's read timeout or fsspec's); on
+    Python 3.10 neither is the builtin TimeoutError, and fsspec's was said as 'FSTimeoutError'."""
+    import asyncio
+    import concurrent.futures
+
+    import aiohttp
+    from fsspec.exceptions import FSTimeoutError
+
+    from tritonpack.remote import _describe
+
+    for error in (FSTimeoutError(), aiohttp.ServerTimeoutError("Timeout on reading data from socket"),
+                  asyncio.TimeoutError(), concurrent.futures.TimeoutError(), TimeoutError()):
+        assert _describe(error) == "timed out", repr(error)
+
+
 def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
     assert main(["list", "nosuchscheme://x/k.tpack"]) == 2
     assert "unknown URL scheme nosuchscheme://" in capsys.readouterr().err

@@ -213,8 +213,9 @@ def test_a_pack_of_nothing_is_an_error_not_an_empty_archive(tmp_path, compiled_r
     assert not (tmp_path / "k.tpack").exists() and not (tmp_path / "m.tpack").exists()
 
 
-def test_pack_since(tmp_path, compiled_root):
-    import os
+def one_fresh_group(tmp_path, compiled_root):
+    """A copy of the compiled root whose files are 10 days old, but for one group's, touched now ("compiled by a
+    recent run")."""
     import shutil
     import time
 
@@ -225,11 +226,30 @@ def test_pack_since(tmp_path, compiled_root):
         os.utime(path, (old, old))
     fresh = next(root.glob("*/__grp__softmax_kernel.json")).parent
     for path in fresh.iterdir():
-        os.utime(path)  # touched now: "compiled by a recent run"
+        os.utime(path)
+    return root
+
+
+def test_pack_since(tmp_path, compiled_root):
+    root = one_fresh_group(tmp_path, compiled_root)
     since = tritonpack.selection.parse_since("2d")
     result = tritonpack.pack(root, tmp_path / "k.tpack", since=since)
     assert result.entries["group"] == 1
     assert main_exit(["pack", str(root), "-o", str(tmp_path / "x.tpack"), "--since", "yesterday"]) == 2
+
+
+def test_pack_since_a_utc_date_time_on_every_python(tmp_path, compiled_root, capsys):
+    """``Z`` names UTC (``date -u +%FT%TZ``): Python 3.10's ``fromisoformat`` refused it, 3.11's reads it."""
+    import datetime
+    import time
+
+    root = one_fresh_group(tmp_path, compiled_root)
+    moment = datetime.datetime.fromtimestamp(time.time() - 2 * 86400, datetime.timezone.utc)
+    for since in (moment.strftime("%Y-%m-%dT%H:%M:%SZ"), moment.strftime("%Y-%m-%dT%HZ"), moment.isoformat()):
+        out = tmp_path / "k.tpack"
+        assert main_exit(["pack", str(root), "-o", str(out), "--since", since, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["entries"]["group"] == 1, since
+        out.unlink()
 
 
 def test_merge_filters(tmp_path, compiled_root):

@@ -92,6 +92,15 @@ def _http_trace(observed: dict):
     return trace
 
 
+def _is_timeout(error: BaseException) -> bool:
+    """Before Python 3.11 the timeouts of asyncio and concurrent.futures are not the builtin ``TimeoutError``:
+    fsspec's ``FSTimeoutError`` and aiohttp's ``ServerTimeoutError`` derive from asyncio's."""
+    import asyncio
+    import concurrent.futures
+
+    return isinstance(error, (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError))
+
+
 def _describe(error: BaseException) -> str:
     """One line for a failure of the remote filesystem or its HTTP client."""
     status = getattr(error, "status", None)
@@ -102,7 +111,7 @@ def _describe(error: BaseException) -> str:
         host = getattr(error, "host", None)
         where = f" {host}:{getattr(error, 'port', None)}" if host else ""
         return f"cannot connect to{where}: {cause.strerror}"
-    if isinstance(error, TimeoutError) or type(error).__name__ in ("TimeoutError", "ServerTimeoutError"):
+    if _is_timeout(error):
         return "timed out"
     if isinstance(error, ConnectionError) and error.strerror:
         return f"cannot connect: {error.strerror}"

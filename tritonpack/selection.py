@@ -86,6 +86,12 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+def _utc_as_offset(value: str) -> str:
+    """A date-time's ``Z`` (UTC, as ``date -u +%FT%TZ`` writes it) as ``+00:00``: ``fromisoformat`` reads ``Z``
+    only from Python 3.11. A date alone (10 characters) takes no zone on any Python."""
+    return value[:-1] + "+00:00" if len(value) > 10 and value.endswith("Z") else value
+
+
 def parse_since(text: str, now: float | None = None) -> float:
     """``--since``: a duration back from now (``90m``, ``12h``, ``7d``, ``2w``) or an ISO date or date-time
     (``2026-11-01``, ``2026-11-01T12:00``, local time unless it names a zone). Returns a Unix time."""
@@ -94,7 +100,7 @@ def parse_since(text: str, now: float | None = None) -> float:
     if match:
         return (time.time() if now is None else now) - float(match.group(1)) * _SECONDS[match.group(2)]
     try:
-        moment = datetime.datetime.fromisoformat(value)
+        moment = datetime.datetime.fromisoformat(_utc_as_offset(value))
     except ValueError:
         raise ValueError(f"--since takes a duration like 7d or 12h, or a date like 2026-11-01, not {text!r}") from None
     return moment.timestamp()
