@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import snapshot, without_root_powers
+from conftest import cache_key, snapshot, without_root_powers
 
 import tritonpack
 from tritonpack.cacheroot import scan_cache
+from tritonpack.triton_env import key_releases
 
 
 def first_group(root):
@@ -33,6 +34,13 @@ def test_reads_every_key_encoding(tmp_path, root):
     keys = {e.key for e in scan.entries}
     assert {"a" * 64, "AbC-_" + "x" * 38, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"} <= keys
     assert scan.skipped == []
+
+
+def test_hand_made_keys_are_in_the_encoding_of_the_keys_this_triton_writes(compiled_root):
+    """Tests that build archives by hand name their keys with ``cache_key``, which the preflight must take for this
+    Triton's."""
+    written = {key_releases(p.name) for p in compiled_root.iterdir()}
+    assert written == {key_releases(cache_key("hand made"))} != {None}
 
 
 def test_group_without_source_file(root):
