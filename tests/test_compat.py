@@ -12,7 +12,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from conftest import FIXTURES, snapshot  # noqa: E402
-from kernels import HAS_LISTENER, SOURCES, compile_all, targets  # noqa: E402
+from kernels import HAS_LISTENER, SOURCES, TRITON_VERSION, compile_all, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
@@ -327,26 +327,34 @@ def test_cache_compiled_here_records_this_tritons_build(tmp_path, compiled_root)
 def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(tmp_path, gpu_cache, compiled_root,
                                                                               capsys):
     """The H200's 3.6 kernels and their autotune result beside kernels compiled here: no one Triton compiled
-    the cache, so none is recorded, each kernel is judged by its own version, and the autotune result is
-    reported unchecked. Merging the archives of the two parts gives the same bytes."""
+    the cache, so none is recorded, and each kernel is judged by its own version (before 3.3, which names none, by
+    its key). The autotune result is reported unchecked where this Triton's kernels name their version; where they
+    name none, it is judged by the one version named (Triton caches autotune results since 3.4 only). Merging the
+    archives of the two parts gives the same bytes."""
     mixed = tmp_path / "mixed"
     shutil.copytree(gpu_cache, mixed)
     shutil.copytree(compiled_root, mixed, dirs_exist_ok=True)
     archive = tmp_path / "mixed.tpack"
     assert main(["pack", str(mixed), "-o", str(archive)]) == 0
     counts = sorted([(-5, FIXTURE_TRITON), (-len(SOURCES) * len(targets()), HERE_VERSION)])  # most kernels first
+    named_here = TRITON_VERSION >= (3, 3)  # this Triton's kernels name their version
+    tuned_by = "reported unchecked" if named_here else f"by Triton {FIXTURE_TRITON}, the one version named"
     assert (f"kernels compiled by several Tritons ({', '.join(f'{v}: {-n} kernels' for n, v in counts)}), "
-            f"Triton here is {HERE_VERSION}: the archive records none") in capsys.readouterr().err
+            f"Triton here is {HERE_VERSION}: the archive records none; each kernel is judged by its own version only, "
+            f"and autotune results, which name none, {tuned_by}") in capsys.readouterr().err
     with tritonpack.open(archive) as reader:
         assert reader.info.triton is None
     tuned, report = autotune_verdict(archive)
-    assert tuned.usable
-    assert ("1 entry without a Triton version of its own (autotune results, kernels of Triton before 3.3): the "
-            "archive records no one Triton that compiled its kernels, so its Triton was not checked") \
-        in report.unchecked
+    if named_here:
+        assert tuned.usable
+        assert ("1 entry without a Triton version of its own (autotune results, kernels of Triton before 3.3): the "
+                "archive records no one Triton that compiled its kernels, so its Triton was not checked") \
+            in report.unchecked
+    else:
+        assert tuned.mismatches == (("triton", FIXTURE_TRITON, HERE_VERSION),)
     for verdict in report.verdicts:
         if verdict.entry.kind == "group":
-            own = verdict.entry.kernel.triton_version == HERE_VERSION
+            own = verdict.entry.kernel.triton_version in (HERE_VERSION, None)  # None: this Triton's, before 3.3
             assert (verdict.usable or verdict.mismatches[0].factor == "target") if own else \
                 verdict.mismatches[0] == ("triton", FIXTURE_TRITON, HERE_VERSION)
     parts = tmp_path / "h200.tpack", tmp_path / "here.tpack"
@@ -428,7 +436,8 @@ def test_root_of_kernels_from_before_and_after_3_3_packed_by_the_older_triton(tm
     archive = tmp_path / "k.tpack"
     assert main(["pack", str(root), "-o", str(archive)]) == 0
     assert (f"kernels compiled by several Tritons (3.0.0: 6 kernels, {FIXTURE_TRITON}: 5 kernels), Triton here is "
-            "3.0.0: the archive records none") in capsys.readouterr().err
+            "3.0.0: the archive records none; each kernel is judged by its own version only, and autotune results, "
+            f"which name none, by Triton {FIXTURE_TRITON}, the one version named") in capsys.readouterr().err
     report = tritonpack.check(archive, ["cuda:90", "cuda:80"])
     assert {v.entry.key for v in report.usable} == old_keys
     assert all(v.entry.kind == "file" or v.mismatches[0] == ("triton", FIXTURE_TRITON, "3.0.0")
