@@ -253,8 +253,8 @@ def test_verdicts_read_as_the_list_of_each_entrys_verdict():
 
 FIXTURE_TRITON = "3.6.0"  # the Triton that compiled fixtures/h200-triton36: its kernels' own triton_version
 another_triton = pytest.mark.skipif(HERE_VERSION == FIXTURE_TRITON,
-                                    reason="the H200 cache was compiled by this Triton's version: the case does not "
-                                           "arise")
+                                    reason=f"the H200 cache was compiled by Triton {FIXTURE_TRITON}, this Triton's "
+                                           "version: the case does not arise")
 
 
 def autotune_verdict(archive, targets=("cuda:90",)):
