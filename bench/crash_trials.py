@@ -25,8 +25,6 @@ Usage: python bench/crash_trials.py --trials 60 [--copies 24] [--out bench/resul
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import json
 import os
 import platform
@@ -41,14 +39,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+from conftest import cache_key  # noqa: E402
 from invariants import expected_groups, group_problems, manifests, sha, temp_files, tree, triton_resolves  # noqa: E402
 
 import tritonpack  # noqa: E402
-
-
-def new_key(seed: str) -> str:
-    """A valid Triton 3.3+ cache key (52 base32 characters)."""
-    return base64.b32encode(hashlib.sha256(seed.encode()).digest()).decode().rstrip("=")
 
 
 def build_archive(work: str, copies: int, source: str | None = None, block_size: int = 16384) -> str:
@@ -68,7 +62,7 @@ def build_archive(work: str, copies: int, source: str | None = None, block_size:
     originals = [os.path.dirname(os.path.join(root, m)) for m in manifests(root)]
     for directory in originals:
         for j in range(copies - 1):
-            shutil.copytree(directory, os.path.join(root, new_key(f"{os.path.basename(directory)}-{j}")))
+            shutil.copytree(directory, os.path.join(root, cache_key(f"{os.path.basename(directory)}-{j}")))
     tritonpack.relocate(root)  # the copies' manifests point into their own directories
     archive = os.path.join(work, "many.tpack")
     tritonpack.pack(root, archive)

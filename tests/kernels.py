@@ -53,11 +53,24 @@ def source(fn, signature: dict[str, str], constexprs: dict[str, object]) -> ASTS
     return ASTSource(fn=fn, signature={k: v for k, v in signature.items() if v != "constexpr"}, constants=constexprs)
 
 
-def targets() -> list[GPUTarget]:
-    """cuda:90 and cuda:80 everywhere; hip:gfx942 where Triton links AMD code itself (3.5+: 3.4 and older run ROCm's
-    ld.lld, which the wheel lacks, even to hash the backend)."""
-    result = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)]
+def links_amd() -> bool:
+    """Whether this Triton can compile for AMD here: 3.5+ link AMD code themselves; 3.0-3.4 run ROCm's ld.lld, which
+    the wheel lacks, even to hash the backend (``TRITON_HIP_LLD_PATH`` may name one)."""
     if TRITON_VERSION >= (3, 5):
+        return True
+    from triton.backends.amd.compiler import HIPBackend
+
+    try:
+        HIPBackend.path_to_rocm_lld()
+    except Exception:  # "ROCm linker /opt/rocm/llvm/bin/ld.lld not found"
+        return False
+    return True
+
+
+def targets() -> list[GPUTarget]:
+    """cuda:90 and cuda:80 everywhere; hip:gfx942 where this Triton can compile for AMD (``links_amd``)."""
+    result = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)]
+    if links_amd():
         result.append(GPUTarget("hip", "gfx942", 64))
     return result
 

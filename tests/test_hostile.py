@@ -175,7 +175,7 @@ def test_pack_refuses_an_archive_past_a_readers_limit_and_says_how_to_write_less
     """Never write what a reader would refuse; an archive that was there stays, and no temp file is left."""
     archive = tmp_path / "k.tpack"
     archive.write_bytes(b"an earlier archive")
-    monkeypatch.setenv(variable, "100")  # past the smallest test cache (3.3.1's: 6 kernels, no hip)
+    monkeypatch.setenv(variable, "100")  # past the smallest test cache (6 kernels, without hip)
     code, _, err = run_cli(capsys, "pack", compiled_root, "-o", archive)
     assert_one_line_error(err, archive, code, 3)
     assert f"more than a reader {'accepts' if 'VALUES' in variable else 'unpacks'}" in err and variable in err

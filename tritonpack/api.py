@@ -86,8 +86,8 @@ def _compiling_triton(compilers: Counter[str], unnamed: Counter[str | None], loc
 
     The local Triton vouches for a build key and backend hashes only when it is the version the kernels name (or
     none names one, and their keys are in its release's encoding); a cache compiled by another Triton is recorded
-    by its version alone, or not at all when no kernel names it; one compiled by several, not at all (no version
-    describes its autotune results: the preflight reports them unchecked).
+    by its version alone, or not at all when no kernel names it; one compiled by several, not at all (the preflight
+    judges its autotune results by the one version the kernels name, else reports them unchecked).
     """
     from .report import plural
 
@@ -105,9 +105,13 @@ def _compiling_triton(compilers: Counter[str], unnamed: Counter[str | None], loc
     if len(everyone) > 1:
         most_first = sorted(everyone.items(), key=lambda vn: (-vn[1], vn[0]))
         counts = ", ".join(f"{v}: {plural(n, 'kernel')}" for v, n in most_first)
+        # Triton caches autotune results since 3.4, whose kernels name their version: beside the kernels of one
+        # version and those of Triton before 3.3, they are that version's (the preflight judges them so)
+        tuned = f"by Triton {next(iter(compilers))}, the one version named" if len(compilers) == 1 else \
+            "reported unchecked"
         return None, (f"kernels compiled by several Tritons ({counts}), {here}: the archive records none; each "
-                      "kernel is judged by its own version only, and autotune results, which name none, are "
-                      "reported unchecked")
+                      "kernel is judged by its own version only, and autotune results and launcher stubs, which name "
+                      f"none, {tuned}")
     if keyed:
         return None, (f"kernels that name no Triton version, keyed by Triton {next(iter(keyed))}, {here}: the "
                       "archive records none; the preflight judges them by their keys' encoding")
