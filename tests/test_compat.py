@@ -11,7 +11,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from conftest import FIXTURES, snapshot  # noqa: E402
+from conftest import FIXTURES, cache_key, snapshot  # noqa: E402
 from kernels import HAS_LISTENER, SOURCES, TRITON_VERSION, compile_all, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
@@ -356,11 +356,13 @@ def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(t
     with tritonpack.open(archive) as reader:
         assert reader.info.triton is None
     tuned, report = autotune_verdict(archive)
-    if named_here:
+    if TRITON_VERSION >= (3, 4):
         assert tuned.usable
         assert ("4 entries without a Triton version of their own (autotune results, launcher stubs, kernels of "
                 "Triton before 3.3): the archive records no one Triton that compiled its kernels, so their Triton "
                 "was not checked") in report.unchecked
+    elif named_here:  # 3.3 reads no autotune result from its cache, whoever wrote it
+        assert tuned.mismatches == (("triton", "3.4+ (autotune results are cached from 3.4)", HERE_VERSION),)
     else:
         assert tuned.mismatches == (("triton", FIXTURE_TRITON, HERE_VERSION),)
     for verdict in report.verdicts:
@@ -398,8 +400,8 @@ def test_archive_of_an_earlier_writer_judges_the_autotune_result_by_its_kernels(
     assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
 
 
-@pytest.mark.skipif(TRITON_VERSION < (3, 3), reason=f"Triton {HERE_VERSION} never writes the H200 fixture's base32 "
-                    "keys: its stubs, said to be this Triton's, are refused by their keys")
+@pytest.mark.skipif(TRITON_VERSION < (3, 4), reason=f"Triton {HERE_VERSION} writes no autotune result and names "
+                    "stubs <name>.so: the H200 fixture's, said to be its own, are refused by their names")
 def test_autotune_result_and_stubs_naming_their_triton_are_judged_by_it(tmp_path, gpu_cache):
     """Format 1.2: an autotune result or a file that names its Triton is judged by that version, whatever the
     kernels beside it name, and by the archive's build key only where the archive's record is of that version."""
@@ -542,3 +544,71 @@ def test_a_backend_this_triton_cannot_hash_is_said_unchecked_and_asked_once(tmp_
             "is missing), so the backend was not checked") in report.unchecked
     assert asked == ["hip"]
     assert local_triton({("hip", "gfx942", 64)}).cached and asked == ["hip"]
+
+
+def add_stubs_and_autotune_result(root: Path) -> dict[str, Path]:
+    """A launcher stub named as Triton 3.3 and before name them, one named as 3.4 and later do, and an autotune
+    result, each in a key directory of its own in this Triton's encoding (no GPU here to build or tune real ones)."""
+    made = {"bare": root / cache_key("bare") / "__triton_launcher.so",
+            "tagged": root / cache_key("tagged") / f"__triton_launcher{sysconfig.get_config_var('EXT_SUFFIX')}",
+            "tuned": root / cache_key("tuned") / "add_kernel.autotune.json"}
+    for path in made.values():
+        path.parent.mkdir(parents=True)
+    made["bare"].write_bytes(b"\x7fELF launcher of 3.3")
+    made["tagged"].write_bytes(b"\x7fELF launcher of 3.4+")
+    made["tuned"].write_text(json.dumps({"key": [1024], "configs_timings": [[{"kwargs": {"BLOCK": 64}}, [0.5]]]}))
+    return made
+
+
+def test_stubs_and_autotune_results_are_judged_by_how_triton_names_them(tmp_path, compiled_root):
+    """Triton 3.3 and before name a launcher stub ``<name>.so`` and read no autotune result from the cache; 3.4
+    and later look for ``<name>`` + ``EXT_SUFFIX``. Whatever the archive says of their Triton, the ones this Triton
+    never looks up are not written, with the reason (they were written, as dead files)."""
+    root = tmp_path / "root"
+    shutil.copytree(compiled_root, root)
+    made = add_stubs_and_autotune_result(root)
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(root, archive)
+    verdicts = {v.entry.name: v for v in tritonpack.check(archive).verdicts if v.entry.kind != "group"}
+    bare, tagged, tuned = (verdicts[made[what].name] for what in ("bare", "tagged", "tuned"))
+    if TRITON_VERSION >= (3, 4):
+        assert [str(m) for m in bare.mismatches] == [f"Triton: archive 3.0-3.3 (by its file name), here {HERE_VERSION}"]
+        assert tagged.usable and tuned.usable
+    else:
+        assert bare.usable
+        assert [str(m) for m in tagged.mismatches] == [f"Triton: archive 3.4+ (by its file name), here {HERE_VERSION}"]
+        assert [str(m) for m in tuned.mismatches] == [
+            f"Triton: archive 3.4+ (autotune results are cached from 3.4), here {HERE_VERSION}"]
+    result = tritonpack.unpack(archive, tmp_path / "out")
+    keys = {m.parent.name for m in made.values()}
+    unpacked = {p.name for p in (tmp_path / "out").glob("*/*") if p.parent.name in keys}
+    assert unpacked == {made[what].name for what in (("tagged", "tuned") if TRITON_VERSION >= (3, 4) else ("bare",))}
+    assert result.written == result.entries - (1 if TRITON_VERSION >= (3, 4) else 2)
+
+
+@another_triton
+def test_a_stub_that_the_kernels_triton_never_names_so_is_not_attributed_to_it(tmp_path, gpu_cache, compiled_root):
+    """A root kept across a PyTorch upgrade from Triton 3.3 holds 3.3's bare ``<name>.so`` stubs beside the H200's
+    3.6 kernels: the archive attributes what names no version to 3.6, which never names a stub so. The stub is
+    not held to 3.6 (it was refused as 3.6's under 3.3, whose stub it is); a merge does not name 3.6 for it."""
+    root = tmp_path / "root"
+    shutil.copytree(gpu_cache, root)
+    bare = add_stubs_and_autotune_result(root)["bare"]
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(root, archive)
+    report = tritonpack.check(archive, ["cuda:90"])
+    (verdict,) = [v for v in report.verdicts if v.entry.key == bare.parent.name]
+    if TRITON_VERSION >= (3, 4):
+        assert [str(m) for m in verdict.mismatches] == [
+            f"Triton: archive 3.0-3.3 (by its file name), here {HERE_VERSION}"]
+    else:
+        assert verdict.usable
+        assert any(note.startswith("1 entry without a Triton version of its own") for note in report.unchecked)
+    merged = tmp_path / "m.tpack"
+    tritonpack.merge([archive, tritonpack.pack(compiled_root, tmp_path / "here.tpack").archive], merged)
+    with tritonpack.open(merged) as reader:
+        (entry,) = [e for e in reader.entries if e.key == bare.parent.name]
+        assert entry.stub.triton_version is None
+        # before 3.3 this Triton's kernels name no version: the merged archive attributes the rest to 3.6.0 itself
+        assert {e.stub.triton_version for e in reader.entries if e.stub and e.key != bare.parent.name} == \
+            {FIXTURE_TRITON if TRITON_VERSION >= (3, 3) else None}

@@ -239,6 +239,8 @@ def named_versions(archive) -> dict[str, str | None]:
 
 
 @another_triton
+@pytest.mark.skipif(TRITON_VERSION < (3, 4), reason=f"Triton {HERE} writes no autotune result and names stubs "
+                    "<name>.so: the autotune result and stub this test makes for it are 3.4's and later")
 def test_merged_archive_of_two_tritons_judges_autotune_results_and_stubs_by_their_own(tmp_path, gpu_cache,
                                                                                       compiled_root, capsys):
     """The H200's Triton 3.6 archive (kernels, an autotune result, launcher stubs) merged with one of this Triton:
@@ -260,19 +262,14 @@ def test_merged_archive_of_two_tritons_judges_autotune_results_and_stubs_by_thei
 
     assert main(["merge", str(a36), str(ours), "-o", str(merged)]) == 0
     err = capsys.readouterr().err
-    # Before 3.3 this Triton's kernels name no version: the merged archive attributes what names none to 3.6.0,
-    # the one version its kernels name, and only this Triton's autotune result and stub need the key
-    named_here = TRITON_VERSION >= (3, 3)
-    assert (f"{7 if named_here else 2} entries (autotune results, launcher stubs) name the Triton that produced "
-            "them (format 1.2): the merged archive's kernels would attribute them to none or to another") \
-        in err.splitlines()
+    assert ("7 entries (autotune results, launcher stubs) name the Triton that produced them (format 1.2): the "
+            "merged archive's kernels would attribute them to none or to another") in err.splitlines()
     with tritonpack.open(merged) as reader:
         assert reader.info.format_version == (1, 2) and reader.info.triton is None
     versions = named_versions(merged)
     theirs = {k for k in versions if k.split("/")[0] in {p.name for p in old.iterdir()}}
     assert len(theirs) == 5 and len(versions) == 7  # 3.6: 1 autotune result, 4 stubs; here: 1 of each
-    assert {k: v for k, v in versions.items() if k in theirs} == \
-        dict.fromkeys(theirs, FIXTURE_TRITON if named_here else None)
+    assert {k: v for k, v in versions.items() if k in theirs} == dict.fromkeys(theirs, FIXTURE_TRITON)
     assert {k: v for k, v in versions.items() if k not in theirs} == dict.fromkeys(set(versions) - theirs, HERE)
     assert main(["list", str(merged), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["entries"]
@@ -282,8 +279,7 @@ def test_merged_archive_of_two_tritons_judges_autotune_results_and_stubs_by_thei
     assert main(["check", str(merged), "--target", every_target, "--json"]) == 6
     doc = json.loads(capsys.readouterr().out)
     assert {"reason": f"Triton: archive {FIXTURE_TRITON}, here {HERE}", "entries": 10} in doc["reasons"]
-    # this Triton's kernels before 3.3 name no version: judged by their keys' encoding, noted as such
-    assert any("without a Triton version" in note for note in doc["unchecked"]) != named_here
+    assert not any("without a Triton version" in note for note in doc["unchecked"])
     for e in doc["entries"]:
         if e["kind"] != "group":
             mine = f"{e['key']}/{e['name']}" not in theirs
@@ -306,8 +302,6 @@ def test_merged_archive_of_two_tritons_judges_autotune_results_and_stubs_by_thei
     tritonpack.pack(mixed, unnamed, splice_ptx=True)
     with tritonpack.open(unnamed) as reader:
         assert reader.info.format_version == (1, 1) and reader.info.triton is None
-    if not named_here:  # before 3.3 this Triton's kernels name none: what names none goes to 3.6.0 (test_compat)
-        return
     result = tritonpack.unpack(unnamed, tmp_path / "unnamed", targets=every_target.split(","))
     assert ("not checked: 7 entries without a Triton version of their own (autotune results, launcher stubs, kernels "
             "of Triton before 3.3): the archive records no one Triton that compiled its kernels, so their Triton was "
@@ -316,8 +310,8 @@ def test_merged_archive_of_two_tritons_judges_autotune_results_and_stubs_by_thei
 
 
 @another_triton
-@pytest.mark.skipif(TRITON_VERSION < (3, 3), reason=f"Triton {HERE} never writes the H200 fixture's base32 keys: "
-                    "its autotune result, said to be this Triton's, is refused by its key")
+@pytest.mark.skipif(TRITON_VERSION < (3, 4), reason=f"Triton {HERE} writes no autotune result: the one this test "
+                    "makes for it is 3.4's and later")
 def test_one_autotune_result_from_two_tritons_is_explained_and_its_conflict_names_them(tmp_path, gpu_cache,
                                                                                         compiled_root, capsys):
     """The same autotune result (key directory and name) in archives attributed to different Tritons: with the
@@ -339,9 +333,7 @@ def test_one_autotune_result_from_two_tritons_is_explained_and_its_conflict_name
     assert result.identical == 1 and result.identical_other_triton == [
         f"{where} (Triton {FIXTURE_TRITON} in {a36}, {HERE} in {same}): kept as {a36}'s"]
     assert f"the same bytes from different Tritons, stored once: {result.identical_other_triton[0]}" in result.notes()
-    # before 3.3 this Triton's kernels name no version: the merged archive attributes it to 3.6.0 without the key
-    assert named_versions(out)[f"{tuned.parent.name}/{tuned.name}"] == (FIXTURE_TRITON if TRITON_VERSION >= (3, 3)
-                                                                          else None)
+    assert named_versions(out)[f"{tuned.parent.name}/{tuned.name}"] == FIXTURE_TRITON
 
     assert main(["merge", str(a36), str(other), "-o", str(out)]) == 9
     err = capsys.readouterr().err

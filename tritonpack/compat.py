@@ -17,7 +17,7 @@ from .fingerprint import LocalTriton
 from .gpus import Target
 from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo, named_version
 from .report import entries as count_entries
-from .triton_env import key_releases, releases_keyed_as
+from .triton_env import key_releases, release_of, releases_keyed_as
 
 TRITON = "triton"
 BACKEND = "backend"
@@ -160,19 +160,55 @@ def attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | None
     return TritonInfo(named.pop(), None, {}) if len(named) == 1 else None
 
 
-def _compiler(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> TritonInfo | None:
-    """What the archive says of the Triton that compiled ``entry``: its build key and backend hashes only when
-    the archive's record is of the version the entry names. A kernel that names none (before 3.3) is not held to a
-    Triton whose release writes its key in another encoding (a root of kernels from before and after 3.3)."""
+def compiler_of(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> TritonInfo | None:
+    """What the archive says of the Triton that produced ``entry``: its build key and backend hashes only when
+    the archive's record is of the version the entry names. An entry that names none is ``unowned``'s (see
+    ``attributed``), unless that Triton could not have written it: its key in another release's encoding (a root
+    of kernels from before and after 3.3), or its file named as other releases name it (a launcher stub of 3.3 or
+    before beside kernels of 3.4 or later; an autotune result beside kernels of Triton before 3.4)."""
     own = named_version(entry)
     if own is None:
-        if unowned is None or entry.kind != GROUP:
-            return unowned
-        theirs = key_releases(entry.key)
-        return None if theirs is not None and theirs != releases_keyed_as(unowned.version) else unowned
+        if unowned is None:
+            return None
+        theirs, by_name = key_releases(entry.key), _releases_by_name(entry)
+        if theirs is not None and theirs != releases_keyed_as(unowned.version):
+            return None
+        return None if by_name is not None and not _writes(by_name, unowned.version) else unowned
     if info.triton is not None and info.triton.version == own:
         return info.triton
     return TritonInfo(own, None, {})
+
+
+_BY_NAME_SINCE = (3, 4)  # autotune results cached, launcher stubs named with the Python's EXT_SUFFIX, from 3.4
+
+
+def _releases_by_name(entry: Entry) -> str | None:
+    """The Triton releases that write an entry of this kind so named, as Triton's source says: autotune results are
+    cached from 3.4; a launcher stub is ``<name>.so`` through 3.3 and ``<name>`` + the Python's ``EXT_SUFFIX`` from
+    3.4. None where the name says nothing (a kernel, another file, a stub of an archive that did not tag it)."""
+    if entry.kind == AUTOTUNE:
+        return "3.4+"
+    stub = entry.stub
+    if entry.kind != FILE or stub is None or stub.role != "launcher":
+        return None
+    return {"packer": "3.0-3.3", "filename": "3.4+"}.get(stub.tag_from or "")
+
+
+def _writes(releases: str, version: str) -> bool:
+    """Whether Triton ``version`` is of ``releases`` (``_releases_by_name``); an unknown version may be."""
+    release = release_of(version)
+    return release is None or (release >= _BY_NAME_SINCE) == (releases == "3.4+")
+
+
+def _check_name(entry: Entry, local: LocalTriton) -> list[Mismatch]:
+    """An autotune result or a launcher stub that this Triton never looks up, whatever the archive says of the
+    Triton that produced it: Triton 3.3 and before read no autotune result from the cache and name stubs
+    ``<name>.so``; 3.4 and later look for ``<name>`` + ``EXT_SUFFIX``."""
+    releases = _releases_by_name(entry)
+    if releases is None or _writes(releases, local.version):
+        return []
+    why = "autotune results are cached from 3.4" if entry.kind == AUTOTUNE else "by its file name"
+    return [Mismatch(TRITON, f"{releases} ({why})", local.version)]
 
 
 def _check_triton(compiler: TritonInfo | None, local: LocalTriton) -> list[Mismatch]:
@@ -286,8 +322,9 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
     for n, entry in enumerate(entries):
         found: list[Mismatch] = []
         if env.triton is not None:
-            compiler = _compiler(entry, info, unowned)
-            found += _check_triton(compiler, env.triton) or _check_key(entry, env.triton)
+            compiler = compiler_of(entry, info, unowned)
+            found += (_check_triton(compiler, env.triton) or _check_key(entry, env.triton)
+                      or _check_name(entry, env.triton))
             if not found:
                 no_compiler += compiler is None
                 by_version += compiler is not None and not compiler.key_sha256

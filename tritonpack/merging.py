@@ -26,9 +26,9 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .archivesource import ArchiveEntry, BlobStore, archive_entry
-from .compat import attributed
+from .compat import attributed, compiler_of
 from .errors import ConflictError, UsageError
-from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name, named_version
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
 from .remote import file_url_path, open_source, scheme_of
 from .report import count_words, human_bytes, kind_counts, plural
 from .report import entries as count_entries
@@ -146,12 +146,6 @@ def _producer_words(info: ArchiveInfo) -> str:
     return f"Triton {info.triton.version}{build}, backend hashes for {len(info.triton.backend_hashes)} target(s)"
 
 
-def _produced_by(entry: Entry, unowned: TritonInfo | None) -> str | None:
-    """The Triton version that produced an autotune result or a file, as its archive says it (spec §4.2): its
-    own, else the one the archive attributes to the entries that name none."""
-    return named_version(entry) or (unowned.version if unowned is not None else None)
-
-
 def _with_version(entry: Entry, version: str | None) -> Entry:
     """An autotune result or a file naming ``version`` as its Triton (None: naming none)."""
     if entry.autotune is not None:
@@ -259,7 +253,11 @@ def merge(
         unowned = [attributed(r.entries, r.info) for r in readers]  # each input's Triton of its autotune results
 
         def version(source: int, entry: Entry) -> str | None:
-            return None if entry.kind == GROUP else _produced_by(entry, unowned[source])
+            """The Triton that produced an autotune result or a file, as its input says it (spec §4.2)."""
+            if entry.kind == GROUP:
+                return None
+            compiler = compiler_of(entry, readers[source].info, unowned[source])
+            return compiler.version if compiler is not None else None
 
         chosen: dict[tuple[str, str, str], tuple[int, int, Entry]] = {}
         identical = 0
