@@ -101,8 +101,14 @@ def _is_timeout(error: BaseException) -> bool:
     return isinstance(error, (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError))
 
 
+NO_CREDENTIALS = ("no S3 credentials found (botocore: Unable to locate credentials): set AWS_ACCESS_KEY_ID and "
+                  "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; for a public bucket, FSSPEC_S3_ANON=true")
+
+
 def _describe(error: BaseException) -> str:
     """One line for a failure of the remote filesystem or its HTTP client."""
+    if type(error).__name__ == "NoCredentialsError":  # botocore's: s3fs found no keys anywhere
+        return NO_CREDENTIALS
     status = getattr(error, "status", None)
     if isinstance(status, int):
         return f"HTTP {status} {getattr(error, 'message', '') or ''}".rstrip()
@@ -120,8 +126,9 @@ def _describe(error: BaseException) -> str:
 
 
 class FsspecSource:
-    """An archive behind a URL, read with ``fs.cat_file(path, start, end)``: one range request per read and no
-    shared file position, so the reader's threads may read at once.
+    """An archive behind a URL, read with ``fs.cat_file(path, start=, end=)``: one range request per read and no
+    shared file position, so the reader's threads may read at once. (By keyword: s3fs's third positional
+    parameter is a version id, and an offset given there read the object from ``end`` to its end, at each read.)
 
     Over HTTP the size comes with the first read, a suffix range for the trailer (its ``Content-Range`` names
     the total), and that read is kept for the reader's trailer read: listing costs exactly three requests.
@@ -164,9 +171,9 @@ class FsspecSource:
             raise RemoteError(_describe(e), url) from None  # URL's container (zip://...::file://...)
         self._http = scheme in _HTTP
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, **kwargs):
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except TpackError:
             raise
         except FileNotFoundError:
@@ -179,7 +186,7 @@ class FsspecSource:
     def size(self) -> int:
         if self._size is None:
             if self._http:
-                tail = self._call(self._fs.cat_file, self._path, -TRAILER_SIZE)
+                tail = self._call(self._fs.cat_file, self._path, start=-TRAILER_SIZE)
                 size = self._observed.get("size")
                 if size is None:  # no Content-Range (e.g. an empty file): ask for the size
                     size = self._call(self._fs.size, self._path)
@@ -200,7 +207,7 @@ class FsspecSource:
             start, tail = self._tail
             if start <= offset and end <= start + len(tail):
                 return tail[offset - start:end - start]
-        data = self._call(self._fs.cat_file, self._path, offset, end)
+        data = self._call(self._fs.cat_file, self._path, start=offset, end=end)
         if len(data) > end - offset:
             raise RemoteError("the server does not support range requests (it sent more than the range asked)",
                               self.name)
