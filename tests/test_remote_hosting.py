@@ -256,6 +256,34 @@ def test_an_archive_replaced_while_it_is_unpacked_is_refused(archive, server, tm
     assert error.startswith(f"{CHANGED} ({validator} ") and error.endswith("): try again"), error
 
 
+def test_ensure_does_not_stamp_an_archive_uploaded_after_its_digest_was_read(archive, server, compiled_root,
+                                                                            tmp_path, monkeypatch):
+    """ensure reads the digest, then unpacks: an archive uploaded in between is refused, not unpacked under the
+    stamp of the first; the next ensure unpacks the new one under its own stamp."""
+    from tritonpack import ensuring
+
+    served = server.www / f"{tmp_path.name}.tpack"
+    shutil.copyfile(archive, served)
+    small = tmp_path / "small.tpack"
+    tritonpack.pack(compiled_root, small)
+    url, root = f"{server.url}/302/{served.name}", tmp_path / "cache"
+    real_digest = ensuring.archive_digest
+
+    def digest_then_upload(path: str) -> str:
+        digest = real_digest(path)
+        replaced(served, small.read_bytes())
+        return digest
+
+    monkeypatch.setattr(ensuring, "archive_digest", digest_then_upload)
+    with pytest.raises(tritonpack.RemoteError, match=f"{CHANGED} \\(its size went from "):
+        tritonpack.ensure(url, root)
+    assert not list((root / ".tritonpack").glob("ensure-*.json"))
+    monkeypatch.setattr(ensuring, "archive_digest", real_digest)
+    result = tritonpack.ensure(url, root)
+    with tritonpack.open(small) as reader:
+        assert (result.status, result.digest) == ("unpacked", reader.digest)
+
+
 def test_hf_urls_need_huggingface_hub_and_fail_in_one_line_where_the_hub_cannot_be_reached(monkeypatch, capsys):
     url = "hf://team/models/k.tpack"
     if importlib.util.find_spec("huggingface_hub") is None:
@@ -345,3 +373,25 @@ def test_s3_without_credentials_is_one_line(archive, s3, monkeypatch, capsys):
     url = f"s3://{bucket}/k.tpack"
     assert main(["list", url]) == 7
     assert one_line_error(capsys, url) == remote.NO_CREDENTIALS
+
+
+def test_s3_ensure_does_not_stamp_an_object_uploaded_after_its_digest_was_read(archive, s3, tmp_path, monkeypatch):
+    """As over HTTP, by the object's ETag: here the new object has the size of the first."""
+    from tritonpack import ensuring
+
+    client, bucket, _ = s3
+    client.upload_file(str(archive), bucket, "k.tpack")
+    other = bytearray(archive.read_bytes())
+    other[HEADER_SIZE + 100] ^= 0xFF
+    real_digest = ensuring.archive_digest
+
+    def digest_then_upload(path: str) -> str:
+        digest = real_digest(path)
+        client.put_object(Bucket=bucket, Key="k.tpack", Body=bytes(other))
+        return digest
+
+    monkeypatch.setattr(ensuring, "archive_digest", digest_then_upload)
+    root = tmp_path / "cache"
+    with pytest.raises(tritonpack.RemoteError, match=f'{CHANGED} \\(ETag "[^"]+" became "[^"]+"\\)'):
+        tritonpack.ensure(f"s3://{bucket}/k.tpack", root)
+    assert not list((root / ".tritonpack").glob("ensure-*.json"))

@@ -6,8 +6,11 @@ the trailer and the index and nothing else.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 from .archive.format import TRAILER_SIZE
 from .archive.source import ByteSource
@@ -107,7 +110,8 @@ class _Served:
     """What the HTTP replies said of the archive behind one URL: its size and its validators (``ETag``, else
     ``Last-Modified``), taken from the first reply, to which each later reply must answer the same. Replaced by a
     new upload under the same URL between two reads, the archive is refused rather than read half from each.
-    Only touched from fsspec's event loop thread, where the HTTP client's callbacks run."""
+    Only touched from fsspec's event loop thread, where the HTTP client's callbacks run, and, for other backends,
+    where ``fs.info`` is read at each opening (``same_archives``)."""
 
     def __init__(self) -> None:
         self.size: int | None = None
@@ -204,6 +208,33 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
 
 
+@contextlib.contextmanager
+def same_archives() -> Iterator[None]:
+    """Within the block, a URL opened again must still hold the archive its first opening read (its size and
+    validators: over HTTP ``ETag`` or ``Last-Modified``, elsewhere what ``fs.info`` names, S3's ``ETag``...), or
+    its reading fails: ``ensure`` reads the digest, then unpacks, then lists the entries it stamps, each an opening,
+    and a stamp must not name the entries of another archive than its digest's."""
+    if _SAME.get() is not None:
+        yield
+        return
+    token = _SAME.set({})
+    try:
+        yield
+    finally:
+        _SAME.reset(token)
+
+
+_SAME: ContextVar[dict[str, _Served] | None] = ContextVar("tritonpack_same_archives", default=None)
+
+
+def _served(url: str) -> _Served:
+    """What the replies said of ``url`` so far: shared by every opening within ``same_archives``."""
+    kept = _SAME.get()
+    if kept is None:
+        return _Served()
+    return kept.setdefault(url, _Served())
+
+
 def _http_session(served: _Served) -> dict:
     """The aiohttp session's settings: the trace that checks each reply; ``Accept-Encoding: identity`` and no
     decompression, since a compressed reply's bytes are not the range asked for (nginx's ``gzip on`` answers a
@@ -225,7 +256,7 @@ class FsspecSource:
     Over HTTP the size comes with the first read, a suffix range for the trailer (its ``Content-Range`` names
     the total), and that read is kept for the reader's trailer read: listing costs exactly three requests. Each
     reply is checked before its body is read (``_http_trace``): redirects are followed, each read anew.
-    Elsewhere the size is one ``fs.size`` call.
+    Elsewhere the size is one ``fs.info`` call.
     """
 
     def __init__(self, url: str):
@@ -238,7 +269,7 @@ class FsspecSource:
         except ImportError:
             raise UsageError("reading archives from URLs needs fsspec: pip install 'tritonpack[remote]'",
                              url) from None
-        self._served = _Served()
+        self._served = _served(url)
         self._tail: tuple[int, bytes] | None = None  # (offset, bytes) of the suffix read
         self._size: int | None = None
         try:
@@ -284,10 +315,22 @@ class FsspecSource:
                 self._tail = (size - len(tail), tail)
                 self._size = size
             else:
-                self._size = self._call(self._fs.size, self._path)
+                self._size = self._stored_size()
             if self._size is None:
                 raise RemoteError("the server does not say how large the archive is", self.name)
         return self._size
+
+    def _stored_size(self) -> int | None:
+        """The size ``fs.info`` gives, checked within ``same_archives`` against the first opening's, with the
+        validator it names (S3's ``ETag``, a Hugging Face file's blob id) where it names one."""
+        info = self._call(self._fs.info, self._path)
+        validator = next((str(info[k]) for k in ("ETag", "etag", "blob_id") if info.get(k)), None)
+        size = info.get("size")
+        try:
+            self._served.same_archive(size, {"ETag": validator} if validator else {})
+        except _Refused as e:
+            raise RemoteError(str(e), self.name) from None
+        return size
 
     def read_at(self, offset: int, length: int) -> bytes:
         size = self.size()
