@@ -77,7 +77,7 @@ pid {d}/nginx.pid;
 error_log {d}/error.log;
 events {{ worker_connections 64; }}
 http {{
-  log_format requests '$request_method $uri $status $body_bytes_sent "$http_range"';
+  log_format requests '$request_method $uri $status $body_bytes_sent "$http_range" $server_port';
   access_log {d}/access.log requests;
   client_body_temp_path {d}/tmp-body;
   proxy_temp_path {d}/tmp-proxy;
@@ -89,27 +89,58 @@ http {{
     listen 127.0.0.1:{port};
     root {d}/www;
     location /no-ranges/ {{ alias {d}/www/; max_ranges 0; }}
+    # compresses what it may (a 200, never a 206: a request with Range gets the whole file, gzipped, chunked)
+    location /gzip/ {{ alias {d}/www/; gzip on; gzip_types *; gzip_min_length 0; }}
+    location /no-etag/ {{ alias {d}/www/; etag off; }}  # Last-Modified only
+    # redirects, as archive hosts answer: to another host (port), Hugging Face's resolve/main/ and GitHub's
+    # release assets (302 to a CDN with a signed query), 301/307/308, a relative Location, two in a row, a loop
+    location ~ ^/302/(.*)$ {{ return 302 http://127.0.0.1:{cdn_port}/$1$is_args$args; }}
+    location ~ ^/301/(.*)$ {{ return 301 http://127.0.0.1:{cdn_port}/$1$is_args$args; }}
+    location ~ ^/307/(.*)$ {{ return 307 http://127.0.0.1:{cdn_port}/$1$is_args$args; }}
+    location ~ ^/308/(.*)$ {{ return 308 http://127.0.0.1:{cdn_port}/$1$is_args$args; }}
+    location ~ ^/relative/(.*)$ {{ absolute_redirect off; return 302 /$1; }}
+    location ~ ^/twice/(.*)$ {{ absolute_redirect off; return 302 /302/$1$is_args$args; }}
+    location ~ ^/loop/(.*)$ {{ absolute_redirect off; return 302 /loop/$1; }}
+    location ~ ^/resolve/main/(.*)$ {{ return 302 http://127.0.0.1:{cdn_port}/signed/$1?{signed}; }}
+  }}
+  server {{
+    listen 127.0.0.1:{cdn_port};
+    root {d}/www;
+    # a signed URL's query is passed on as it was given, byte for byte, or refused
+    location /signed/ {{ alias {d}/www/; if ($args != "{signed}") {{ return 403; }} }}
   }}
 }}
 """
+# A signed query as S3, GitHub's and Hugging Face's CDNs give them: percent-encoded '/', '+', '=' that a client
+# must send as they are written.
+SIGNED_QUERY = ("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE%2F20260101%2Fus-east-1%2Fs3%2F"
+                "aws4_request&X-Amz-Signature=ab%2Bcd%2Fef%3D&response-content-disposition=attachment%3B%20"
+                "filename%3Dk.tpack")
 
 
 class Nginx:
-    """nginx serving ``www`` (with range support; ``/no-ranges/`` without), logging every request."""
+    """nginx serving ``www`` (with range support; ``/no-ranges/`` without; the other locations of ``NGINX_CONF``
+    redirect, compress or send no ETag), logging every request."""
 
-    def __init__(self, directory: Path, port: int):
+    def __init__(self, directory: Path, port: int, cdn_port: int):
         self.dir = directory
         self.www = directory / "www"
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        self.cdn_port = cdn_port  # the second server, the "CDN" that redirects lead to (another host: port)
         self._mark: str | None = None  # the request that reset_log sent last: the log starts after it
 
     def requests(self) -> list[tuple[str, str, int, int, str]]:
         """(method, path, status, body bytes sent, Range header) per request since ``reset_log``, in order."""
+        return [row for _, row in self.requests_by_port()]
+
+    def requests_by_port(self) -> list[tuple[int, tuple[str, str, int, int, str]]]:
+        """``requests``, each with the port it was sent to: ``port``, or ``cdn_port`` for the second server."""
         rows = []
         for line in self._lines():
-            method, path, status, sent, rng = line.split(" ", 4)
-            rows.append((method, path, int(status), int(sent), rng.strip('"')))
+            fields, _, port = line.rpartition(" ")
+            method, path, status, sent, rng = fields.split(" ", 4)
+            rows.append((int(port), (method, path, int(status), int(sent), rng.strip('"'))))
         return rows
 
     def _lines(self) -> list[str]:
@@ -137,14 +168,16 @@ class Nginx:
 @contextlib.contextmanager
 def nginx(directory: Path) -> Iterator[Nginx]:
     exe = binary("nginx")
-    port = free_port()
+    port = cdn_port = free_port()
+    while cdn_port == port:
+        cdn_port = free_port()
     (directory / "www").mkdir(parents=True)
     conf = directory / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(d=directory, port=port))
+    conf.write_text(NGINX_CONF.format(d=directory, port=port, cdn_port=cdn_port, signed=SIGNED_QUERY))
     # one process, no privilege drop: it reads pytest's private temp dirs even when the tests run as root
     with running([exe, "-p", str(directory), "-c", str(conf), "-e", str(directory / "error.log")], port,
                  directory / "stdout.log"):
-        server = Nginx(directory, port)
+        server = Nginx(directory, port, cdn_port)
         server.reset_log()
         yield server
 
@@ -360,6 +393,65 @@ def http_registry(answer: Callable[[str, str, int], tuple],
 
     with serving(Handler) as port:
         yield f"127.0.0.1:{port}", seen
+
+
+FILE_SERVER_MODES = {
+    "chunked": "ignores Range: 200 with the whole file, chunked, no Content-Length",
+    "chunked-ranges": "206 for each range asked, chunked, no Content-Length (a proxy that streams)",
+    "gzip-ranges": "206 for each range asked, gzipped (Content-Encoding: gzip) whatever Accept-Encoding says",
+    "wrong-range": "206 with the file's first bytes, whatever range was asked",
+}
+
+
+@contextlib.contextmanager
+def file_server(path: Path, mode: str) -> Iterator[str]:
+    """A server on 127.0.0.1 that serves the file at ``path`` under any name, misbehaving as servers and proxies
+    found in the wild do (``FILE_SERVER_MODES``); yields its URL."""
+    import gzip
+    import re
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            data = path.read_bytes()
+            asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
+            if mode == "chunked" or not asked:
+                return self.answer(200, data, chunked=True)
+            first, last = asked.groups()
+            start = len(data) - int(last) if not first else int(first)
+            end = len(data) if not first or not last else min(int(last) + 1, len(data))
+            if mode == "wrong-range":
+                start, end = 0, end - start
+            headers = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
+            body = data[start:end]
+            if mode == "gzip-ranges":
+                body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
+            self.answer(206, body, chunked=mode == "chunked-ranges", headers=headers)
+
+        def answer(self, status: int, body: bytes, chunked: bool, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Transfer-Encoding" if chunked else "Content-Length", "chunked" if chunked else
+                             str(len(body)))
+            self.end_headers()
+            try:
+                if not chunked:
+                    self.wfile.write(body)
+                    return
+                for at in range(0, len(body), 1 << 16):
+                    chunk = body[at:at + (1 << 16)]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client refused the answer as soon as its headers came
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager

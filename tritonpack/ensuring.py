@@ -415,6 +415,7 @@ def ensure(
     ``IncompatibleError`` instead. ``targets`` and ``processes`` as for ``unpack``. A stream (``-``, standard
     input) is read whole at every call: its digest is in the trailer at its end.
     """
+    from .remote import same_archives
     from .streams import kept_streams
 
     start = time.perf_counter()
@@ -422,7 +423,9 @@ def ensure(
     root = os.path.abspath(cache_root(cache_dir))
     stamp_dir = os.path.join(root, STAMP_DIR)
     env_key = environment_key(targets)
-    with kept_streams():  # a stream (``-``) gives its bytes once: its copy serves every opening below
+    # A stream (``-``) gives its bytes once: its copy serves every opening below. A URL must hold one archive
+    # throughout: the stamp of the digest read first must not name the entries of an archive uploaded meanwhile.
+    with kept_streams(), same_archives():
         try:
             digest = archive_digest(path)
         except (RemoteError, NotFoundError) as e:

@@ -6,8 +6,11 @@ the trailer and the index and nothing else.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 from .archive.format import TRAILER_SIZE
 from .archive.source import ByteSource
@@ -49,43 +52,125 @@ def file_url_path(url: str) -> str:
     return unquote(parts.path)
 
 
-class _NoRanges(Exception):
-    """Raised from inside the HTTP client as soon as a reply shows the server ignored the Range header, so
-    that a multi-GB body is not downloaded only to be refused."""
+# What a URL may hold as it is: the reserved characters, and '%' (its escapes are left as written)
+_URL_CHARACTERS = "!#$%&'()*+,/:;=?@[]~"
 
 
-def _asked_length(range_header: str) -> int | None:
-    """Bytes asked for by ``bytes=a-b`` or ``bytes=-n``."""
+def wire_url(url: str) -> str:
+    """The URL as it is sent: as given, byte for byte, but for the characters no URL may hold (spaces, non-ASCII),
+    percent-encoded. A signed URL (S3 presigned, the CDN a Hugging Face or GitHub download redirects to) is signed
+    as it is written: the normalisation aiohttp applies by default (``%2F`` to ``/``, ``%7E`` to ``~``) makes its
+    server refuse it."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=quote(parts.path, safe=_URL_CHARACTERS),
+                                     query=quote(parts.query, safe=_URL_CHARACTERS)))
+
+
+class _Refused(Exception):
+    """Raised from inside the HTTP client as soon as a reply's headers show its bytes are not the archive's asked
+    for (the whole file, a compressed body, another range, another archive), before its body is read: a multi-GB
+    body is not downloaded only to be refused."""
+
+
+def _asked(range_header: str) -> tuple[int | None, int | None] | None:
+    """``(first, last)`` of ``bytes=first-last``, ``(None, n)`` of a suffix ``bytes=-n``; None for anything else."""
     match = re.fullmatch(r"bytes=(\d*)-(\d*)", range_header.strip())
-    if not match:
+    if not match or not any(match.groups()):
         return None
-    first, last = match.groups()
-    if not first:
-        return int(last) if last else None
-    return int(last) - int(first) + 1 if last else None
+    first, last = (int(v) if v else None for v in match.groups())
+    return first, last
 
 
-def _http_trace(observed: dict):
-    """An aiohttp trace that records the total size from a suffix read's ``Content-Range`` and refuses a reply
-    that ignores the Range header (a 200 larger than what was asked)."""
+def _asked_length(asked: tuple[int | None, int | None]) -> int | None:
+    """Bytes asked for by ``bytes=a-b`` or ``bytes=-n``."""
+    first, last = asked
+    if first is None:
+        return last
+    return None if last is None else last - first + 1
+
+
+def _expected_range(asked: tuple[int | None, int | None], total: int) -> tuple[int, int]:
+    """The ``(first, last)`` a ``206`` must answer to what was ``asked`` of a file of ``total`` bytes."""
+    first, last = asked
+    if first is None:  # the last ``last`` bytes
+        return max(0, total - (last or 0)), total - 1
+    return first, total - 1 if last is None else min(last, total - 1)
+
+
+NO_RANGES = ("the server does not support HTTP range requests (it answered 200 with the whole file): serve the "
+             "archive from one that does (nginx, S3, ...), or stream it in: curl -fsSL URL | tritonpack unpack -")
+
+NO_CREDENTIALS = ("no S3 credentials found (botocore: Unable to locate credentials): set AWS_ACCESS_KEY_ID and "
+                  "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; for a public bucket, FSSPEC_S3_ANON=true")
+
+
+class _Served:
+    """What the HTTP replies said of the archive behind one URL: its size and its validators (``ETag``, else
+    ``Last-Modified``), taken from the first reply, to which each later reply must answer the same. Replaced by a
+    new upload under the same URL between two reads, the archive is refused rather than read half from each.
+    Only touched from fsspec's event loop thread, where the HTTP client's callbacks run, and, for other backends,
+    where ``fs.info`` is read at each opening (``same_archives``)."""
+
+    def __init__(self) -> None:
+        self.size: int | None = None
+        self.validators: dict[str, str] = {}
+        self.redirected_to = ""  # where the last failed reply came from, when a redirect led there
+
+    def same_archive(self, total: int | None, headers) -> None:
+        if total is not None:
+            if self.size is not None and total != self.size:
+                raise _Refused(self.changed(f"its size went from {self.size} to {total} bytes"))
+            self.size = total
+        seen = {name: headers[name] for name in ("ETag", "Last-Modified") if headers.get(name)}
+        if not self.validators:
+            self.validators = seen
+            return
+        for name in ("ETag", "Last-Modified"):  # the first both replies have: an ETag says more than a date
+            if name in seen and name in self.validators:
+                if seen[name] != self.validators[name]:
+                    raise _Refused(self.changed(f"{name} {self.validators[name]} became {seen[name]}"))
+                return
+
+    @staticmethod
+    def changed(how: str) -> str:
+        return f"the archive changed on the server while it was read ({how}): try again"
+
+
+def _http_trace(served: _Served):
+    """An aiohttp trace that checks each range reply (after its redirects) before its body is read: the range asked
+    for, not the whole file (a server that ignores ``Range``), not compressed, and of the same archive as the replies
+    before it (``_Served``), which records the total size for ``FsspecSource.size``; and where a failed reply came
+    from, when a redirect led there (its query left out: a signed URL's is a credential)."""
     import aiohttp
 
     async def on_request_end(session, context, params) -> None:
-        asked = params.headers.get("Range")
-        if not asked:
+        asked = _asked(params.headers.get("Range") or "")
+        if asked is None:
             return
         response = params.response
-        total = response.headers.get("Content-Range", "").rpartition("/")[2]
-        if asked.startswith("bytes=-") and total.isdigit():
-            observed["size"] = int(total)
+        if response.status >= 300:  # said by fsspec's or the client's error; where it came from, said here
+            if response.history:
+                served.redirected_to = str(response.url.with_query(None).with_user(None))
+            return
+        encoding = response.headers.get("Content-Encoding", "")
+        if encoding.strip().lower() not in ("", "identity"):
+            raise _Refused(f"the server sent the archive compressed (Content-Encoding: {encoding}), so the bytes of "
+                           "its replies are not the archive's: serve it without a Content-Encoding")
         if response.status == 200:
-            length = response.headers.get("Content-Length")
-            wanted = _asked_length(asked)
-            if length is None or wanted is None or int(length) > wanted:
-                raise _NoRanges("the server does not support HTTP range requests (it answered 200 with the whole "
-                                "file); serve the archive from a server that does (nginx, S3, ...)")
-            if asked.startswith("bytes=-"):  # the whole file is smaller than the suffix asked for
-                observed["size"] = int(length)
+            length, wanted = response.headers.get("Content-Length"), _asked_length(asked)
+            if length is None or not length.isdigit() or wanted is None or int(length) > wanted:
+                raise _Refused(NO_RANGES)
+            served.same_archive(int(length), response.headers)  # the whole file is no larger than the range
+            return
+        span, _, total_text = response.headers.get("Content-Range", "").removeprefix("bytes ").partition("/")
+        first, _, last = span.partition("-")
+        total = int(total_text) if total_text.isdigit() else served.size
+        if total is not None and first.isdigit() and last.isdigit() and \
+                (int(first), int(last)) != _expected_range(asked, total):
+            raise _Refused(f"the server answered bytes {span} where {params.headers['Range']} was asked")
+        served.same_archive(int(total_text) if total_text.isdigit() else None, response.headers)
 
     trace = aiohttp.TraceConfig()
     trace.on_request_end.append(on_request_end)
@@ -103,6 +188,10 @@ def _is_timeout(error: BaseException) -> bool:
 
 def _describe(error: BaseException) -> str:
     """One line for a failure of the remote filesystem or its HTTP client."""
+    if type(error).__name__ == "NoCredentialsError":  # botocore's: s3fs found no keys anywhere
+        return NO_CREDENTIALS
+    if type(error).__name__ == "TooManyRedirects":  # aiohttp's, its status 0
+        return f"too many redirects ({len(getattr(error, 'history', ()))} in a row): a redirect loop?"
     status = getattr(error, "status", None)
     if isinstance(status, int):
         return f"HTTP {status} {getattr(error, 'message', '') or ''}".rstrip()
@@ -119,13 +208,55 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
 
 
+@contextlib.contextmanager
+def same_archives() -> Iterator[None]:
+    """Within the block, a URL opened again must still hold the archive its first opening read (its size and
+    validators: over HTTP ``ETag`` or ``Last-Modified``, elsewhere what ``fs.info`` names, S3's ``ETag``...), or
+    its reading fails: ``ensure`` reads the digest, then unpacks, then lists the entries it stamps, each an opening,
+    and a stamp must not name the entries of another archive than its digest's."""
+    if _SAME.get() is not None:
+        yield
+        return
+    token = _SAME.set({})
+    try:
+        yield
+    finally:
+        _SAME.reset(token)
+
+
+_SAME: ContextVar[dict[str, _Served] | None] = ContextVar("tritonpack_same_archives", default=None)
+
+
+def _served(url: str) -> _Served:
+    """What the replies said of ``url`` so far: shared by every opening within ``same_archives``."""
+    kept = _SAME.get()
+    if kept is None:
+        return _Served()
+    return kept.setdefault(url, _Served())
+
+
+def _http_session(served: _Served) -> dict:
+    """The aiohttp session's settings: the trace that checks each reply; ``Accept-Encoding: identity`` and no
+    decompression, since a compressed reply's bytes are not the range asked for (nginx's ``gzip on`` answers a
+    ``Range`` with the whole file, compressed; a proxy may compress the range itself); redirects followed as their
+    ``Location`` is written (a CDN's signed query); and timeouts: aiohttp's default waits five minutes on a server
+    that took the connection and never answers."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=SERVER_TIMEOUT[0], sock_read=SERVER_TIMEOUT[1])
+    return {"trace_configs": [_http_trace(served)], "timeout": timeout, "headers": {"Accept-Encoding": "identity"},
+            "auto_decompress": False, "requote_redirect_url": False}
+
+
 class FsspecSource:
-    """An archive behind a URL, read with ``fs.cat_file(path, start, end)``: one range request per read and no
-    shared file position, so the reader's threads may read at once.
+    """An archive behind a URL, read with ``fs.cat_file(path, start=, end=)``: one range request per read and no
+    shared file position, so the reader's threads may read at once. (By keyword: s3fs's third positional
+    parameter is a version id, and an offset given there read the object from ``end`` to its end, at each read.)
 
     Over HTTP the size comes with the first read, a suffix range for the trailer (its ``Content-Range`` names
-    the total), and that read is kept for the reader's trailer read: listing costs exactly three requests.
-    Elsewhere the size is one ``fs.size`` call.
+    the total), and that read is kept for the reader's trailer read: listing costs exactly three requests. Each
+    reply is checked before its body is read (``_http_trace``): redirects are followed, each read anew.
+    Elsewhere the size is one ``fs.info`` call.
     """
 
     def __init__(self, url: str):
@@ -138,19 +269,13 @@ class FsspecSource:
         except ImportError:
             raise UsageError("reading archives from URLs needs fsspec: pip install 'tritonpack[remote]'",
                              url) from None
-        self._observed: dict[str, int] = {}
+        self._served = _served(url)
         self._tail: tuple[int, bytes] | None = None  # (offset, bytes) of the suffix read
         self._size: int | None = None
         try:
             if scheme in _HTTP:
-                import aiohttp
-
-                # aiohttp's default waits five minutes on a server that took the connection and never answers
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=SERVER_TIMEOUT[0],
-                                                sock_read=SERVER_TIMEOUT[1])
-                self._fs, self._path = fsspec.core.url_to_fs(
-                    url, client_kwargs={"trace_configs": [_http_trace(self._observed)], "timeout": timeout},
-                    skip_instance_cache=True)
+                self._fs, self._path = fsspec.core.url_to_fs(wire_url(url), encoded=True, skip_instance_cache=True,
+                                                             client_kwargs=_http_session(self._served))
             else:
                 self._fs, self._path = fsspec.core.url_to_fs(url)
         except ImportError as e:
@@ -164,32 +289,48 @@ class FsspecSource:
             raise RemoteError(_describe(e), url) from None  # URL's container (zip://...::file://...)
         self._http = scheme in _HTTP
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, **kwargs):
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except TpackError:
             raise
         except FileNotFoundError:
-            raise NotFoundError("no such archive (not found on the server)", self.name) from None
-        except _NoRanges as e:
+            where = self._served.redirected_to
+            found = f"not found on the server it redirects to, {where}" if where else "not found on the server"
+            raise NotFoundError(f"no such archive ({found})", self.name) from None
+        except _Refused as e:
             raise RemoteError(str(e), self.name) from None
         except Exception as e:  # the backends' own errors (aiohttp, botocore, huggingface_hub): one line
-            raise RemoteError(_describe(e), self.name) from None
+            where = self._served.redirected_to
+            raise RemoteError(f"{_describe(e)} (from {where}, where it redirects)" if where else _describe(e),
+                              self.name) from None
 
     def size(self) -> int:
         if self._size is None:
             if self._http:
-                tail = self._call(self._fs.cat_file, self._path, -TRAILER_SIZE)
-                size = self._observed.get("size")
+                tail = self._call(self._fs.cat_file, self._path, start=-TRAILER_SIZE)
+                size = self._served.size
                 if size is None:  # no Content-Range (e.g. an empty file): ask for the size
                     size = self._call(self._fs.size, self._path)
                 self._tail = (size - len(tail), tail)
                 self._size = size
             else:
-                self._size = self._call(self._fs.size, self._path)
+                self._size = self._stored_size()
             if self._size is None:
                 raise RemoteError("the server does not say how large the archive is", self.name)
         return self._size
+
+    def _stored_size(self) -> int | None:
+        """The size ``fs.info`` gives, checked within ``same_archives`` against the first opening's, with the
+        validator it names (S3's ``ETag``, a Hugging Face file's blob id) where it names one."""
+        info = self._call(self._fs.info, self._path)
+        validator = next((str(info[k]) for k in ("ETag", "etag", "blob_id") if info.get(k)), None)
+        size = info.get("size")
+        try:
+            self._served.same_archive(size, {"ETag": validator} if validator else {})
+        except _Refused as e:
+            raise RemoteError(str(e), self.name) from None
+        return size
 
     def read_at(self, offset: int, length: int) -> bytes:
         size = self.size()
@@ -200,7 +341,7 @@ class FsspecSource:
             start, tail = self._tail
             if start <= offset and end <= start + len(tail):
                 return tail[offset - start:end - start]
-        data = self._call(self._fs.cat_file, self._path, offset, end)
+        data = self._call(self._fs.cat_file, self._path, start=offset, end=end)
         if len(data) > end - offset:
             raise RemoteError("the server does not support range requests (it sent more than the range asked)",
                               self.name)
