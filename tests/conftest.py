@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tritonpack.archive.writer import BLOCK_SIZE
 from tritonpack.fingerprint import installed_version
 from tritonpack.triton_env import releases_keyed_as
 
@@ -127,6 +128,26 @@ def compiled_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("compiled") / "cache"
     compile_all(root)
     return root
+
+
+# Another Python's launcher stub, larger than the writer's block target: the preflight skips it, and it lies in a
+# block of its own, which a partial read of the archive never fetches
+FOREIGN_STUB = "cuda_utils.cpython-38-x86_64-linux-gnu.so"
+FOREIGN_STUB_BYTES = BLOCK_SIZE + (1 << 20)
+
+
+def pack_with_foreign_stub(compiled_root: Path, root: Path, archive: Path) -> Path:
+    """``archive``: the compiled kernels (copied to ``root``) plus ``FOREIGN_STUB`` in a key directory of its own."""
+    import shutil
+
+    import tritonpack
+
+    shutil.copytree(compiled_root, root)
+    key = root / base64.b32encode(hashlib.sha256(b"foreign stub").digest()).decode().rstrip("=")
+    key.mkdir()
+    (key / FOREIGN_STUB).write_bytes(os.urandom(FOREIGN_STUB_BYTES))
+    tritonpack.pack(root, archive)
+    return archive
 
 
 @pytest.fixture()

@@ -2,10 +2,7 @@
 multi-MB archive, unpacking fetches only the blocks it writes, and the result hits like a local unpack."""
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
-import os
 import shutil
 
 import pytest
@@ -13,16 +10,13 @@ import pytest
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-from conftest import snapshot
+from conftest import FOREIGN_STUB, pack_with_foreign_stub, snapshot
+from conftest import FOREIGN_STUB_BYTES as STUB_BYTES
 from servers import free_port, nginx
 
 import tritonpack
 from tritonpack.archive.format import HEADER_SIZE, TRAILER_SIZE, parse_trailer
-from tritonpack.archive.writer import BLOCK_SIZE
 from tritonpack.entry import main
-
-FOREIGN_STUB = "cuda_utils.cpython-38-x86_64-linux-gnu.so"  # another Python's launcher: the preflight skips it
-STUB_BYTES = BLOCK_SIZE + (1 << 20)  # > the writer's block target: the stub gets a block of its own
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +29,7 @@ def server(tmp_path_factory):
 def big(server, compiled_root, tmp_path_factory):
     """The compiled kernels plus a launcher stub larger than a block built for another Python, served by nginx."""
     root = tmp_path_factory.mktemp("big") / "cache"
-    shutil.copytree(compiled_root, root)
-    key = base64.b32encode(hashlib.sha256(b"foreign stub").digest()).decode().rstrip("=")
-    (root / key).mkdir()
-    (root / key / FOREIGN_STUB).write_bytes(os.urandom(STUB_BYTES))
-    path = server.www / "big.tpack"
-    tritonpack.pack(root, path)
-    return path
+    return pack_with_foreign_stub(compiled_root, root, server.www / "big.tpack")
 
 
 @pytest.fixture()

@@ -3,8 +3,6 @@ Hugging Face, GitHub releases and S3 presigned URLs answer them, servers and pro
 compress, an archive replaced under its URL while it is read, and S3 itself (moto's server)."""
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
 import json
 import os
@@ -17,17 +15,15 @@ import pytest
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-from conftest import snapshot
+from conftest import FOREIGN_STUB_BYTES as STUB_BYTES
+from conftest import pack_with_foreign_stub, snapshot
 from servers import FILE_SERVER_MODES, SIGNED_QUERY, file_server, free_port, nginx, running
 
 import tritonpack
 from tritonpack import remote
 from tritonpack.archive.format import HEADER_SIZE, TRAILER_SIZE, parse_trailer
-from tritonpack.archive.writer import BLOCK_SIZE
 from tritonpack.entry import main
 
-FOREIGN_STUB = "cuda_utils.cpython-38-x86_64-linux-gnu.so"  # another Python's launcher: the preflight skips it
-STUB_BYTES = BLOCK_SIZE + (1 << 20)  # > the writer's block target: the stub gets a block of its own
 CHANGED = "the archive changed on the server while it was read"
 
 
@@ -35,13 +31,7 @@ CHANGED = "the archive changed on the server while it was read"
 def archive(compiled_root, tmp_path_factory):
     """The compiled kernels plus a launcher stub for another Python in a block of its own."""
     root = tmp_path_factory.mktemp("hosted") / "cache"
-    shutil.copytree(compiled_root, root)
-    key = base64.b32encode(hashlib.sha256(b"foreign stub").digest()).decode().rstrip("=")
-    (root / key).mkdir()
-    (root / key / FOREIGN_STUB).write_bytes(os.urandom(STUB_BYTES))
-    path = root.parent / "k.tpack"
-    tritonpack.pack(root, path)
-    return path
+    return pack_with_foreign_stub(compiled_root, root, root.parent / "k.tpack")
 
 
 @pytest.fixture(scope="module")
