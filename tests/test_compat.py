@@ -18,6 +18,7 @@ import tritonpack  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
 from tritonpack.fingerprint import local_triton  # noqa: E402
 from tritonpack.model import ArchiveInfo, TritonInfo  # noqa: E402
+from tritonpack.selection import Selection  # noqa: E402
 
 HERE_VERSION = triton.__version__
 VERSION_ARCHIVES = sorted((FIXTURES / "archives").glob("triton-*.tpack"))
@@ -383,6 +384,28 @@ def test_cache_of_several_tritons_records_none_and_reports_its_autotune_result(t
     assert [str(m) for m in tuned.mismatches] == [f"Triton: archive {FIXTURE_TRITON}, here {HERE_VERSION}"]
     # this Triton's kernels before 3.3 name no version: judged by their keys' encoding, noted as such
     assert any("without a Triton version" in note for note in report.unchecked) != named_here
+
+
+@another_triton
+@pytest.mark.skipif(TRITON_VERSION < (3, 4), reason=f"Triton {HERE_VERSION} never looks up the H200's autotune "
+                    "result and stubs (named as 3.4 and later name them): their names judge them, not the kernels")
+def test_an_unpack_of_some_kernels_judges_the_stubs_as_check_does(tmp_path, gpu_cache, compiled_root):
+    """The archive of a cache of several Tritons attributes its launcher stubs to none (spec §4.2, by the kernels
+    it holds): an unpack that takes only this Triton's kernels (``--kernel``) still reports them unchecked, as
+    ``check`` does, rather than passing them as this Triton's (some are 3.6's)."""
+    mixed = tmp_path / "mixed"
+    shutil.copytree(gpu_cache, mixed)
+    shutil.copytree(compiled_root, mixed, dirs_exist_ok=True)
+    archive = tmp_path / "mixed.tpack"
+    tritonpack.pack(mixed, archive)
+    note = ("{} entries without a Triton version of their own (autotune results, launcher stubs, kernels of Triton "
+            "before 3.3): the archive records no one Triton that compiled its kernels, so their Triton was not "
+            "checked")
+    every_target = [f"{t.backend}:{t.arch}" for t in targets()]
+    assert note.format(4) in tritonpack.check(archive, every_target).unchecked  # 3 stubs, 1 autotune result
+    result = tritonpack.unpack(archive, tmp_path / "root", targets=every_target,
+                               selection=Selection(kernels=(SOURCES[0][0].__name__,)))
+    assert f"not checked: {note.format(3)}" in result.notes()  # the stubs: the kernel filter keeps them
 
 
 @another_triton

@@ -233,3 +233,16 @@ def test_merge_refuses_a_fifo_named_twice_and_reads_a_file_named_twice(archive, 
         assert child.communicate(timeout=120)[1] == b"" and child.returncode == 0
     once = (tmp_path / "once.tpack").read_bytes()
     assert (tmp_path / "twice.tpack").read_bytes() == (tmp_path / "stdin.tpack").read_bytes() == once
+
+
+@pytest.mark.parametrize("command", [["unpack", "URL", "--cache-dir", "ROOT"], ["merge", "URL", "ARCHIVE", "-o", "OUT"],
+                                     ["list", "URL"]])
+def test_a_file_url_that_decodes_to_a_nul_is_a_one_line_error(command, archive, tmpdir_, tmp_path):
+    """``%00`` in a ``file://`` URL decodes to a byte no path holds: a traceback (ValueError from the opening, or
+    from merge's look for a stream named twice), where every other unopenable path is one line."""
+    url = f"{archive.as_uri()}%00x"
+    names = {"URL": url, "ARCHIVE": str(archive), "ROOT": str(tmp_path / "root"), "OUT": str(tmp_path / "out.tpack")}
+    done = run(tmpdir_, *(names.get(word, word) for word in command))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"error: {url}: a file:// URL's path holds no NUL character (%00)\n"
+    assert not (tmp_path / "root").exists() and not (tmp_path / "out.tpack").exists()

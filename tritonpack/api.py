@@ -296,7 +296,7 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     if selection.chooses_kernels and not any(e.kind == GROUP for e in entries):
         kernels = sum(e.kind == GROUP for e in every)
         raise UsageError(f"no kernel of the {kernels} in the archive matches --arch or --kernel", reader.path)
-    report = check_entries(entries, reader.info, environment(entries, targets, gpus))
+    report = check_entries(entries, reader.info, environment(entries, targets, gpus), every)
     if entries and not report.usable_count and not force:
         raise IncompatibleError(f"{none_used(len(entries), report.reasons())}; --force writes them anyway",
                                 reader.path, report=report)

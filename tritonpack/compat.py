@@ -307,7 +307,11 @@ def _triton_unchecked(no_compiler: int, by_version: int, unhashed: Counter[str])
     return notes
 
 
-def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environment) -> CheckReport:
+def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environment,
+                  packed: Sequence[Entry] | None = None) -> CheckReport:
+    """The verdict on each of ``entries``, taken from the archive whose entries are ``packed`` (default: just
+    ``entries``): what names no version is attributed by all the kernels packed (spec §4.2), not by those an
+    unpack selects, so that a selection judges an entry as ``check`` does."""
     unchecked = []
     if env.triton is None:
         unchecked.append("Triton is not importable here: Triton build, backend and env vars were not checked")
@@ -315,7 +319,7 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
         unchecked.append("no GPU visible: target arch not checked (use --target to name the GPUs)")
     if any(e.kind == AUTOTUNE for e in entries):
         unchecked.append("autotune results record no target or env vars: only their Triton was checked")
-    unowned = attributed(entries, info) if env.triton is not None else None
+    unowned = attributed(entries if packed is None else packed, info) if env.triton is not None else None
     mismatches = {}
     no_compiler = by_version = 0
     unhashed: Counter[str] = Counter()  # usable kernels by target, whose backend hash cannot be computed here

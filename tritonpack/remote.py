@@ -49,7 +49,10 @@ def file_url_path(url: str) -> str:
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise UsageError("file:// URLs must name a local file (file:///path)", url)
-    return unquote(parts.path)
+    path = unquote(parts.path)
+    if "\0" in path:  # no path holds one: os.open and os.stat raise ValueError, a traceback
+        raise UsageError("a file:// URL's path holds no NUL character (%00)", url)
+    return path
 
 
 # What a URL may hold as it is: the reserved characters, and '%' (its escapes are left as written)
