@@ -119,7 +119,9 @@ class _Served:
     def __init__(self) -> None:
         self.size: int | None = None
         self.validators: dict[str, str] = {}
-        self.redirected_to = ""  # where the last failed reply came from, when a redirect led there
+        # where the last request's failed reply came from, when a redirect led there (cleared as each request starts:
+        # a later failure without a redirect, a refused connection, must not name an old one)
+        self.redirected_to = ""
 
     def same_archive(self, total: int | None, headers) -> None:
         if total is not None:
@@ -176,6 +178,10 @@ def _http_trace(served: _Served):
         served.same_archive(int(total_text) if total_text.isdigit() else None, response.headers)
 
     trace = aiohttp.TraceConfig()
+    async def on_request_start(session, context, params) -> None:  # a failure names its own redirect, or none
+        served.redirected_to = ""
+
+    trace.on_request_start.append(on_request_start)
     trace.on_request_end.append(on_request_end)
     return trace
 
