@@ -3,9 +3,11 @@ Hugging Face, GitHub releases and S3 presigned URLs answer them, servers and pro
 compress, an archive replaced under its URL while it is read, and S3 itself (moto's server)."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -288,15 +290,20 @@ def test_hf_urls_need_huggingface_hub_and_fail_in_one_line_where_the_hub_cannot_
 
 # -- S3, against moto's server --------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
-    """moto's S3 server (the test extra installs moto; without it these tests skip, under CI they fail): its URL
-    and its log, a line per request."""
+def require_s3_packages() -> None:
+    """Skip without moto and s3fs (the test extra installs them); under CI, fail."""
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("s3fs") is None:
         reason = "moto and s3fs are not installed (pip install '.[test]')"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    """moto's S3 server (the test extra installs moto; without it these tests skip, under CI they fail): its URL
+    and its log, a line per request."""
+    require_s3_packages()
     port = free_port()
     directory = tmp_path_factory.mktemp("moto")
     with running([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port,
@@ -304,16 +311,15 @@ def s3_endpoint(tmp_path_factory):
         yield f"http://127.0.0.1:{port}", directory / "moto.log"
 
 
-@pytest.fixture()
-def s3(s3_endpoint, monkeypatch, tmp_path):
-    """A bucket on moto, reached as a user reaches MinIO or R2: ``AWS_ENDPOINT_URL_S3`` and keys in the
-    environment, no AWS configuration files."""
-    import boto3
+def s3_environment(endpoint: str, monkeypatch, tmp_path) -> None:
+    """Reach ``endpoint`` as a user reaches MinIO or R2: ``AWS_ENDPOINT_URL_S3`` and keys in the environment, no
+    AWS configuration files, no fsspec configuration."""
+    import fsspec.config
     import s3fs
 
-    endpoint, log = s3_endpoint
     for name in [n for n in os.environ if n.startswith(("AWS_", "FSSPEC_S3"))]:
         monkeypatch.delenv(name)
+    monkeypatch.delitem(fsspec.config.conf, "s3", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "tritonpack")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "tritonpack-secret")
@@ -322,6 +328,16 @@ def s3(s3_endpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata to wait for
     s3fs.S3FileSystem.clear_instance_cache()  # made with another test's environment
+
+
+@pytest.fixture()
+def s3(s3_endpoint, monkeypatch, tmp_path):
+    """A bucket on moto (``s3_environment``)."""
+    import boto3
+    import s3fs
+
+    endpoint, log = s3_endpoint
+    s3_environment(endpoint, monkeypatch, tmp_path)
     client = boto3.client("s3", endpoint_url=endpoint)
     bucket = f"models-{tmp_path.name.lower().replace('_', '-')}"[:63].rstrip("-")
     client.create_bucket(Bucket=bucket)
@@ -385,3 +401,60 @@ def test_s3_ensure_does_not_stamp_an_object_uploaded_after_its_digest_was_read(a
     with pytest.raises(tritonpack.RemoteError, match=f'{CHANGED} \\(ETag "[^"]+" became "[^"]+"\\)'):
         tritonpack.ensure(f"s3://{bucket}/k.tpack", root)
     assert not list((root / ".tritonpack").glob("ensure-*.json"))
+
+
+@pytest.fixture()
+def silent_s3(monkeypatch, tmp_path):
+    """An S3 endpoint that takes each connection and never answers (a hung proxy, a wedged MinIO): the head of
+    each request it was sent. The read timeout is cut to half a second, as a user would in fsspec's
+    configuration."""
+    require_s3_packages()
+    import socket
+    import threading
+
+    import fsspec.config
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    requests: list[str] = []
+    held = []
+
+    def take() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            held.append(connection)
+            connection.settimeout(5)
+            with contextlib.suppress(OSError):
+                requests.append(connection.recv(4096).decode())
+
+    threading.Thread(target=take, daemon=True).start()
+    s3_environment(f"http://127.0.0.1:{listener.getsockname()[1]}", monkeypatch, tmp_path)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"read_timeout": 0.5}})
+    yield requests
+    listener.close()
+    for connection in held:
+        connection.close()
+
+
+@pytest.mark.parametrize(("retries", "attempts"), [
+    (None, remote.S3_ATTEMPTS),  # s3fs's loop of 5 around botocore's 5: 25 attempts, 6 minutes at its timeouts
+    ("env", 1), ("profile", 2), ("fsspec", 1)])
+def test_a_silent_s3_endpoint_fails_after_botocores_retries_alone(silent_s3, monkeypatch, tmp_path, capsys, retries,
+                                                                  attempts):
+    import fsspec.config
+
+    if retries == "env":
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    elif retries == "profile":
+        (tmp_path / "aws-config").write_text("[default]\nretry_mode = standard\nmax_attempts = 2\n")
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    elif retries == "fsspec":
+        fsspec.config.conf["s3"]["config_kwargs"]["retries"] = {"total_max_attempts": 1}
+    url = "s3://models/k.tpack"
+    assert main(["list", url]) == 7
+    assert one_line_error(capsys, url).startswith("timed out (Read timeout on endpoint URL: ")
+    assert [request.split("\r\n", 1)[0] for request in silent_s3] == ["HEAD /models/k.tpack HTTP/1.1"] * attempts
+    agent = re.search(r"^User-Agent: (.*)$", silent_s3[0], re.IGNORECASE | re.MULTILINE)
+    assert agent and f"tritonpack/{tritonpack.__version__}" in agent.group(1).split()

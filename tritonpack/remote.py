@@ -20,6 +20,7 @@ from .streams import local_source
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
 SERVER_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer (HTTP, registries, Redis)
+S3_ATTEMPTS = 3  # botocore's standard retries: throttling, 5xx, timeouts; s3fs's own loop is not added on top
 
 
 def scheme_of(location: str | os.PathLike) -> str:
@@ -211,6 +212,8 @@ def _describe(error: BaseException) -> str:
         return f"cannot connect to{where}: {cause.strerror}"
     if _is_timeout(error):
         return "timed out"
+    if type(error).__name__ in ("ReadTimeoutError", "ConnectTimeoutError"):  # botocore's, after its retries
+        return f"timed out ({' '.join(str(error).split())})"
     if isinstance(error, ConnectionError) and error.strerror:
         return f"cannot connect: {error.strerror}"
     text = " ".join(str(error).split()) or type(error).__name__
@@ -257,6 +260,39 @@ def _http_session(served: _Served) -> dict:
             "auto_decompress": False, "requote_redirect_url": False}
 
 
+_S3 = ("s3", "s3a")
+
+
+def _s3_settings() -> dict:
+    """s3fs's options: botocore's standard retries, 3 attempts, where the user set no retries of their own, and
+    ``tritonpack/<version>`` in the User-Agent (as a bucket's access log shows it). s3fs retries each call 5 times
+    around botocore's own 5 attempts (its ``legacy`` mode): an endpoint that takes the connection and never answers
+    held a ``list`` 25 attempts of s3fs's 15 s read timeout, over 6 minutes, and a pod's ``ensure`` with it. The
+    caller sets s3fs's loop to one try, so that botocore's is the only one, and a silent endpoint fails in under a
+    minute. The user's retries win: in fsspec's ``config_kwargs`` (``FSSPEC_S3='{"config_kwargs": {"retries":
+    ...}}'``), or botocore's (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``, ``max_attempts`` or ``retry_mode`` in the
+    profile). The User-Agent also keeps the filesystem apart in fsspec's instance cache: the loop set to one try
+    is never that of a filesystem the program made itself."""
+    import fsspec.config
+
+    from . import __version__
+
+    try:
+        import botocore.session
+    except ImportError:  # no s3fs either: fsspec names it
+        return {}
+    config = dict(fsspec.config.conf.get("s3", {}).get("config_kwargs") or {})
+    config["user_agent_extra"] = f"{config.get('user_agent_extra') or ''} tritonpack/{__version__}".lstrip()
+    try:
+        profile = botocore.session.Session().get_scoped_config()
+    except Exception:  # a profile named but not found: s3fs's own call says so
+        profile = {}
+    if not ("retries" in config or any(os.environ.get(f"AWS_{name.upper()}") or name in profile
+                                       for name in ("max_attempts", "retry_mode"))):
+        config["retries"] = {"mode": "standard", "total_max_attempts": S3_ATTEMPTS}
+    return {"config_kwargs": config}
+
+
 class FsspecSource:
     """An archive behind a URL, read with ``fs.cat_file(path, start=, end=)``: one range request per read and no
     shared file position, so the reader's threads may read at once. (By keyword: s3fs's third positional
@@ -285,6 +321,9 @@ class FsspecSource:
             if scheme in _HTTP:
                 self._fs, self._path = fsspec.core.url_to_fs(wire_url(url), encoded=True, skip_instance_cache=True,
                                                              client_kwargs=_http_session(self._served))
+            elif scheme in _S3:
+                self._fs, self._path = fsspec.core.url_to_fs(url, **_s3_settings())
+                self._fs.retries = 1
             else:
                 self._fs, self._path = fsspec.core.url_to_fs(url)
         except ImportError as e:
