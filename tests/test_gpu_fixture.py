@@ -10,11 +10,13 @@ import pytest
 from conftest import snapshot
 
 import tritonpack
+from tritonpack.entry import main
+from tritonpack.model import named_version
 from tritonpack.selection import Selection
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
-from make_golden import GOLDEN, GOLDEN_SPLICE, write  # noqa: E402
+from make_golden import GOLDEN, GOLDEN_MERGED, GOLDEN_SPLICE, OTHER_TRITON, write, write_merged  # noqa: E402
 
 
 def test_gpu_cache_round_trip(tmp_path, gpu_cache):
@@ -73,6 +75,33 @@ def test_golden_archive_is_reproduced_byte_for_byte(tmp_path, splice_ptx):
     again = tmp_path / "again.tpack"
     write(again, splice_ptx)
     assert again.read_bytes() == (GOLDEN_SPLICE if splice_ptx else GOLDEN).read_bytes()
+
+
+def test_merged_golden_archive_is_reproduced_byte_for_byte(tmp_path):
+    again = tmp_path / "again.tpack"
+    write_merged(again)
+    assert again.read_bytes() == GOLDEN_MERGED.read_bytes()
+
+
+def test_merged_golden_archive_reads(tmp_path, capsys):
+    """Format 1.2: a merge of two Tritons' archives records no compiling Triton, so the 3.6 autotune result and
+    launcher stubs name theirs; the kernels come back as both inputs hold them."""
+    with tritonpack.open(GOLDEN_MERGED) as reader:
+        assert reader.info.format_version == (1, 2) and reader.info.triton is None
+        assert reader.info.created == 1767225600 and reader.info.tritonpack == "1.0.0"
+        versions = {(e.kind, named_version(e)) for e in reader.entries}
+        assert versions == {("group", "3.6.0"), ("group", "3.9.0"), ("autotune", "3.6.0"), ("file", "3.6.0")}
+        assert len(reader.entries) == 15
+    assert main(["list", str(GOLDEN_MERGED)]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("triton  key") == 3  # kernels, autotune results and other files each show their Triton
+    merged, *parts = (tmp_path / name for name in ("merged", "golden", "other"))
+    tritonpack.unpack(GOLDEN_MERGED, merged, force=True)
+    for archive, root in zip((GOLDEN, OTHER_TRITON), parts, strict=True):
+        tritonpack.unpack(archive, root, force=True)
+    expected = {rel: digest for root in parts for rel, (_, _, digest) in snapshot(root).items()
+                if "__grp__" not in rel}
+    assert {rel: digest for rel, (_, _, digest) in snapshot(merged).items() if "__grp__" not in rel} == expected
 
 
 SPLICED_SIZE_FIRST = GOLDEN.with_name("h200-triton36-v1.1-splice-ptx-size-first-writer.tpack")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry
+from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry, named_version
 from .report import human_bytes, reasons_to_dicts
 from .safetext import printable, unsafe
 
@@ -82,6 +82,12 @@ def _table(headers: list[str], rows: Iterable[list[str]]) -> Iterator[str]:
         yield fmt.format(*cells.split("\0")).rstrip()
 
 
+def _names_triton(entries: Sequence[Entry]) -> bool:
+    """Whether an autotune result or a file of these names its own Triton (format 1.2, a merge of several): the
+    tables then show a ``triton`` column, as the kernels' does."""
+    return any(named_version(e) for e in entries)
+
+
 def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> Iterator[str]:
     """``tritonpack list``'s lines, each printable, made as they are written."""
     triton = f"Triton {info.triton.version}" if info.triton else "Triton unknown"
@@ -103,19 +109,24 @@ def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> It
     tuned = [e for e in entries if e.kind == AUTOTUNE]
     if tuned:
         yield from ("", f"autotune results ({len(tuned)})")
+        named = _names_triton(tuned)
+
         def autotune_rows():
             for e in tuned:
                 a = e.autotune
                 assert a is not None  # the index gives every autotune result its info (index._decode_meta)
                 yield [a.function, str(a.configs), _config_text(a.best_config), ", ".join(map(str, a.tuning_key)),
-                       e.key[:12]]
+                       *([named_version(e) or "?"] if named else []), e.key[:12]]
 
-        yield from _table(["function", "configs", "best config", "tuning key", "key"], autotune_rows())
+        yield from _table(["function", "configs", "best config", "tuning key", *(["triton"] if named else []),
+                           "key"], autotune_rows())
     other = [e for e in entries if e.kind not in (GROUP, AUTOTUNE)]
     if other:
         yield from ("", f"other files ({len(other)})")
-        yield from _table(["name", "role", "bytes", "key"], (
-            [e.name, e.stub.role if e.stub else "?", human_bytes(e.size), e.key[:12]] for e in other))
+        named = _names_triton(other)
+        yield from _table(["name", "role", "bytes", *(["triton"] if named else []), "key"], (
+            [e.name, e.stub.role if e.stub else "?", human_bytes(e.size),
+             *([named_version(e) or "?"] if named else []), e.key[:12]] for e in other))
     if not entries:
         yield "(empty archive)"
 
