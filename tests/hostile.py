@@ -403,6 +403,9 @@ def corpus() -> dict[str, tuple[Callable[[], bytes], int, dict]]:
                                                  "meta": {}}]).build())
     add("autotune-triton-version-int", lambda: C(entries=[autotune(KEY, "f")],
                                                  doc_hook=_set("entries.0.meta.triton_version", 36)).build())
+    add("file-triton-unknown-str", lambda: C(entries=[{"kind": "file", "key": KEY, "name": "x.so",
+                                                       "files": {"x.so": b"E"},
+                                                       "meta": {"role": "launcher", "triton_unknown": "yes"}}]).build())
     add("file-triton-version-list", lambda: C(entries=[{"kind": "file", "key": KEY, "name": "x.so",
                                                         "files": {"x.so": b"E"},
                                                         "meta": {"role": "launcher", "triton_version": ["3.6.0"]}}]

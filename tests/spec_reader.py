@@ -93,6 +93,10 @@ def is_number(value: Any) -> bool:
     return type(value) in (int, float)
 
 
+def is_bool(value: Any) -> bool:
+    return type(value) is bool
+
+
 def is_str(value: Any) -> bool:
     return type(value) is str
 
@@ -236,12 +240,14 @@ def check_meta(kind: str, meta: dict | None) -> None:
             if meta.get(key) is not None and deeper_than(meta[key], MAX_META_DEPTH):
                 fail(f"{where}.{key} is nested too deeply")
         optional(meta, "triton_version", is_str, where)  # 1.2
+        optional(meta, "triton_unknown", is_bool, where)  # 1.3
     else:
         if meta is None:
             fail("a file entry has no meta")
         required(meta, "role", is_str, where)
         for key in ("ext_suffix", "platform", "tag_from", "triton_version"):  # triton_version: 1.2
             optional(meta, key, is_str, where)
+        optional(meta, "triton_unknown", is_bool, where)  # 1.3
 
 
 def is_splice(item: Any) -> bool:

@@ -456,6 +456,72 @@ def test_autotune_result_and_stubs_naming_their_triton_are_judged_by_it(tmp_path
     assert {v.mismatches[0] for v in verdicts(older)} == {("triton", "3.1.0", HERE_VERSION)}
 
 
+def mixed_root(tmp_path: Path, gpu_cache: Path) -> Path:
+    """The H200's Triton 3.6 cache (cuda:90 kernels, an autotune result, launcher stubs) and Triton 3.9's kernels
+    for cuda:90 and cuda:80 (``fixtures/archives``), in one root: a cache kept across an upgrade."""
+    root = tmp_path / "mixed"
+    shutil.copytree(gpu_cache, root)
+    tritonpack.unpack(FIXTURES / "archives" / "triton-3.9.0.tpack", root, force=True)
+    return root
+
+
+def test_a_selection_of_one_tritons_kernels_does_not_pass_the_others_stubs_as_its(tmp_path, gpu_cache, monkeypatch,
+                                                                                 capsys):
+    """``pack --arch cuda:80`` takes only 3.9's kernels, but the autotune result and launcher stubs, which name no
+    Triton and which 3.6 wrote: the archive would attribute them to 3.9 (spec §4.2), and a Triton 3.6 would skip
+    them as another Triton's. They say instead that their Triton is unknown (format 1.3), and are reported
+    unchecked. ``merge --arch`` of the whole root's archive, which attributes them to none, says the same."""
+    from tritonpack.model import disowned
+
+    root = mixed_root(tmp_path, gpu_cache)
+    archive, whole, merged = (tmp_path / name for name in ("a80.tpack", "whole.tpack", "m80.tpack"))
+    assert main(["pack", str(root), "--arch", "cuda:80", "-o", str(archive)]) == 0
+    assert ("autotune results and launcher stubs packed beside kernels of Triton 3.9.0 only, from a cache of kernels "
+            "of Triton 3.6.0 too (not selected), which could have written them: 4 entries say their Triton is "
+            "unknown (reported unchecked where unpacked)") in capsys.readouterr().err
+    tritonpack.pack(root, whole)
+    result = tritonpack.merge([whole], merged, selection=Selection(archs=("cuda:80",)))
+    assert result.unknown_written == 4 and result.versions_written == 0
+    for path in (archive, merged):
+        with tritonpack.open(path) as reader:
+            assert reader.info.format_version == (1, 3)
+            assert sorted((e.kind, disowned(e)) for e in reader.entries) == \
+                [("autotune", True)] + [("file", True)] * 3 + [("group", False)] * 3
+    with tritonpack.open(whole) as reader:  # no map, nothing attributed: nothing to say
+        assert reader.info.format_version == (1, 0) and not any(disowned(e) for e in reader.entries)
+
+    fingerprint = local_triton({("cuda", 80, 32)})
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton",
+                        lambda *a, **k: fingerprint._replace(version=FIXTURE_TRITON))  # a Triton 3.6 unpacks
+    report = tritonpack.check(archive, ["cuda:80"])
+    assert not [v for v in report.verdicts if v.entry.kind != "group" and any(
+        m.factor == "triton" for m in v.mismatches)]  # where 3.9.0 was said before
+    assert ("4 entries whose archive cannot name their Triton (autotune results, launcher stubs packed beside the "
+            "kernels of one Triton, from a cache of several): their Triton was not checked") in report.unchecked
+    assert main(["list", str(archive)]) == 0
+    assert capsys.readouterr().out.count("  unknown  ") == 4
+
+
+def test_a_stub_that_only_a_left_out_triton_names_so_names_it():
+    """A launcher stub named ``<name>.so`` (Triton 3.3 and before) beside 3.9's kernels, from a cache of 3.3.1's
+    too: its name says it is 3.3.1's, which the archive writes (1.2). An autotune result there is 3.9's (3.3 wrote
+    none): nothing to say."""
+    from collections import Counter
+
+    from tritonpack.api import _owned
+    from tritonpack.cacheroot import LocalEntry
+    from tritonpack.model import AutotuneInfo, StubInfo, disowned, named_version
+
+    key = "A" * 52  # in the encoding of Triton 3.3 and later
+    stub = LocalEntry("file", key, "__triton_launcher.so", (), stub=StubInfo("launcher", ".so", "linux-x86_64",
+                                                                           "packer"))
+    tuned = LocalEntry("autotune", key, "f.autotune.json", (), autotune=AutotuneInfo("f", [], 0, {}, []))
+    owners: Counter = Counter()
+    assert named_version(_owned(stub, "3.9.0", {"3.3.1"}, owners)) == "3.3.1"
+    kept = _owned(tuned, "3.9.0", {"3.3.1"}, owners)
+    assert kept == tuned and not disowned(kept) and owners == {"3.3.1": 1}
+
+
 @pytest.mark.parametrize(("theirs", "releases"), [("3.0.0", "3.0-3.1"), ("3.2.0", "3.2")])
 def test_cache_of_a_triton_before_3_3_packed_beside_another_is_judged_by_its_keys(tmp_path, compiled_root, theirs,
                                                                                   releases, capsys):

@@ -77,6 +77,20 @@ def test_both_readers_unpack_a_fresh_archive_alike(fast_tmp, compiled_root, spli
     assert_same_trees(archive, fast_tmp)
 
 
+def test_both_readers_unpack_an_archive_whose_stubs_name_no_triton_alike(fast_tmp, gpu_cache):
+    """Format 1.3: the H200's stubs and autotune result packed beside only the cuda:80 kernels of Triton 3.9, from a
+    root of both, say that their Triton is unknown; a reader that knows no such key unpacks them all the same."""
+    root = fast_tmp / "mixed"
+    shutil.copytree(gpu_cache, root)
+    tritonpack.unpack(FIXTURES / "archives" / "triton-3.9.0.tpack", root, force=True)
+    archive = fast_tmp / "k.tpack"
+    tritonpack.pack(root, archive, selection=Selection(archs=("cuda:80",)))
+    with tritonpack.open(archive) as reader:
+        assert reader.info.format_version == (1, 3)
+    shutil.rmtree(root)
+    assert_same_trees(archive, fast_tmp)
+
+
 def _tuning_key(arrays: int) -> bytes:
     """An archive of a group and an autotune result whose ``tuning_key`` is a scalar inside ``arrays`` nested
     arrays: ``arrays + 1`` deep (§7)."""
@@ -102,6 +116,12 @@ ACCEPTED = {
                  {"kind": "file", "key": KEY2, "name": "x.so", "files": {"x.so": b"\x7fELF"},
                   "meta": {"role": "launcher", "triton_version": "3.9.0"}}],
         doc_hook=lambda d: (d.update(version=[1, 2]), d["entries"][1]["meta"].update(triton_version="3.6.0"))).build(),
+    "autotune-result-and-file-whose-triton-is-unknown-1.3": lambda: Crafted(
+        header=(MAGIC, 1, 3, 0),
+        entries=[group(KEY, "k"), autotune(KEY2, "k"),
+                 {"kind": "file", "key": KEY2, "name": "x.so", "files": {"x.so": b"\x7fELF"},
+                  "meta": {"role": "launcher", "triton_unknown": True}}],
+        doc_hook=lambda d: (d.update(version=[1, 3]), d["entries"][1]["meta"].update(triton_unknown=True))).build(),
 }
 
 # Archives a reader must refuse (§4, §7): both refuse them, creating nothing
@@ -111,6 +131,8 @@ REFUSED = {
     "tuning-key-33-deep": lambda: _tuning_key(32),
     "autotune-triton-version-int": lambda: Crafted(entries=[group(KEY, "k"), autotune(KEY2, "k")], doc_hook=lambda d:
                                                    d["entries"][1]["meta"].update(triton_version=36)).build(),
+    "autotune-triton-unknown-int": lambda: Crafted(entries=[group(KEY, "k"), autotune(KEY2, "k")], doc_hook=lambda d:
+                                                   d["entries"][1]["meta"].update(triton_unknown=1)).build(),
     "blanks-empty": lambda: Crafted(entries=[spliced_group(KEY)], splice=True,
                                     doc_hook=lambda d: d["blocks"][0]["splices"][0].__setitem__(4, b"")).build(),
     "empty-source-inside-a-text": lambda: Crafted(entries=[spliced_group(KEY)], splice=True,

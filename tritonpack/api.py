@@ -13,12 +13,13 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, UsageError
-from .model import GROUP, ArchiveInfo, Entry, TritonInfo
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, named_version, naming_triton
 from .remote import open_source
 from .selection import EVERYTHING, Selection
 from .triton_env import cache_root, key_releases, releases_keyed_as
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
+    from .cacheroot import LocalEntry
     from .compat import CheckReport, Environment
     from .fingerprint import LocalTriton
     from .gpus import GpuProbe
@@ -149,6 +150,7 @@ def pack(
     """
     from .archive.writer import forked_helpers, write_archive
     from .cacheroot import files_subset, not_a_root, scan_cache
+    from .compat import attribution
     from .fingerprint import local_triton
     from .report import PackResult, kind_counts
     from .triton_env import python_info
@@ -167,9 +169,15 @@ def pack(
         if since is not None:
             scan.keep(lambda e: e if _newest(e) >= since else None)
         not_since = found - len(scan.entries)
+        selected_from: set[str] = set()  # the Tritons the selected kernels were chosen among
+
+        def select(e: LocalEntry) -> LocalEntry | None:
+            if e.kernel is not None and e.kernel.triton_version:
+                selected_from.add(e.kernel.triton_version)
+            return e._replace(files=files_subset(e.files, selection.file_indices(e))) if selection.wants(e) else None
+
         if not selection.everything:
-            scan.keep(lambda e: e._replace(files=files_subset(e.files, selection.file_indices(e)))
-                      if selection.wants(e) else None)
+            scan.keep(select)
         not_selected = found - not_since - len(scan.entries)
         if not scan.entries:
             raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found)", root)
@@ -195,6 +203,12 @@ def pack(
         triton, triton_note = _compiling_triton(compilers, unnamed, local, {f"{b}:{a}" for b, a, _ in targets})
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
                            created=source_date_epoch(), python=python_info(), triton=triton)
+        left_out = selected_from - set(compilers)
+        unowned = attribution(set(compilers), info) if left_out else None
+        if unowned is not None:
+            owners: Counter[str | None] = Counter()
+            scan.keep(lambda e: _owned(e, unowned.version, left_out, owners))
+            triton_note = "; ".join(filter(None, [triton_note, _owners_note(owners, unowned.version, left_out)]))
         written = write_archive(os.fspath(output), scan.entries, info, level=level, splice_ptx=splice_ptx,
                                 helpers=helpers, on_file=progress_counter(total, progress))
     return PackResult(
@@ -215,6 +229,39 @@ def pack(
         spliced=written.spliced if splice_ptx else None,
         triton_note=triton_note,
     )
+
+
+def _owned(entry: LocalEntry, version: str, left_out: set[str], owners: Counter[str | None]) -> LocalEntry:
+    """An autotune result or a launcher stub packed beside the kernels of Triton ``version`` only, from a cache of
+    kernels of other Tritons too (``left_out`` by the selection), which the archive would attribute to ``version``
+    (spec §4.2): where one of those could have written it too, it says its Triton is unknown (1.3), or names the one
+    other that could where ``version`` could not (1.2). Counted in ``owners`` by what it says (None: unknown)."""
+    from .compat import could_write
+
+    if entry.kind == GROUP or named_version(entry) is not None or disowned(entry):
+        return entry
+    others = sorted(v for v in left_out if could_write(entry, v))
+    if not others:
+        return entry
+    if len(others) == 1 and not could_write(entry, version):
+        owners[others[0]] += 1
+        return naming_triton(entry, others[0])
+    owners[None] += 1
+    return naming_triton(entry, None, unknown=True)
+
+
+def _owners_note(owners: Counter[str | None], version: str, left_out: set[str]) -> str | None:
+    from .report import entries
+
+    if not owners:
+        return None
+    said = [f"{entries(owners[None])} say their Triton is unknown (reported unchecked where unpacked)"] \
+        if owners[None] else []
+    said += [f"{entries(n)} name Triton {v}, by {'its' if n == 1 else 'their'} name" for v, n in sorted(
+        (v, n) for v, n in owners.items() if v is not None)]
+    return (f"autotune results and launcher stubs packed beside kernels of Triton {version} only, from a cache of "
+            f"kernels of Triton {', '.join(sorted(left_out))} too (not selected), which could have written them: "
+            + "; ".join(said))
 
 
 def _left_out(not_since: int, not_selected: int) -> str:

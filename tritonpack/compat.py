@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .fingerprint import LocalTriton
 from .gpus import Target
-from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Entry, TritonInfo, named_version
+from .model import AUTOTUNE, FILE, GROUP, ArchiveInfo, Described, Entry, TritonInfo, disowned, named_version
 from .report import entries as count_entries
 from .triton_env import key_releases, release_of, releases_keyed_as
 
@@ -154,35 +154,46 @@ def attributed(entries: Sequence[Entry], info: ArchiveInfo) -> TritonInfo | None
     (spec §4.2). The archive's record when the kernels name its version, or none names one; the version alone when
     they name another (earlier writers recorded the packing host's Triton); none when they name several, and those
     entries are then reported unchecked."""
-    named = {e.kernel.triton_version for e in entries if e.kind == GROUP and e.kernel and e.kernel.triton_version}
+    return attribution({e.kernel.triton_version for e in entries
+                        if e.kind == GROUP and e.kernel and e.kernel.triton_version}, info)
+
+
+def attribution(named: set[str], info: ArchiveInfo) -> TritonInfo | None:
+    """``attributed``, from the versions the kernels name."""
     if not named or (info.triton is not None and named == {info.triton.version}):
         return info.triton
-    return TritonInfo(named.pop(), None, {}) if len(named) == 1 else None
+    return TritonInfo(next(iter(named)), None, {}) if len(named) == 1 else None
 
 
 def compiler_of(entry: Entry, info: ArchiveInfo, unowned: TritonInfo | None) -> TritonInfo | None:
     """What the archive says of the Triton that produced ``entry``: its build key and backend hashes only when
     the archive's record is of the version the entry names. An entry that names none is ``unowned``'s (see
-    ``attributed``), unless that Triton could not have written it: its key in another release's encoding (a root
-    of kernels from before and after 3.3), or its file named as other releases name it (a launcher stub of 3.3 or
-    before beside kernels of 3.4 or later; an autotune result beside kernels of Triton before 3.4)."""
+    ``attributed``), unless it says its Triton cannot be named (1.3), or that Triton could not have written it
+    (``could_write``)."""
     own = named_version(entry)
     if own is None:
-        if unowned is None:
+        if unowned is None or disowned(entry) or not could_write(entry, unowned.version):
             return None
-        theirs, by_name = key_releases(entry.key), _releases_by_name(entry)
-        if theirs is not None and theirs != releases_keyed_as(unowned.version):
-            return None
-        return None if by_name is not None and not _writes(by_name, unowned.version) else unowned
+        return unowned
     if info.triton is not None and info.triton.version == own:
         return info.triton
     return TritonInfo(own, None, {})
 
 
+def could_write(entry: Described, version: str) -> bool:
+    """Whether Triton ``version`` could have written ``entry``: not if its key is in another release's encoding (a
+    root of kernels from before and after 3.3), nor if its file is named as other releases name it (a launcher stub
+    of 3.3 or before beside kernels of 3.4 or later; an autotune result beside kernels of Triton before 3.4)."""
+    theirs, by_name = key_releases(entry.key), _releases_by_name(entry)
+    if theirs is not None and theirs != releases_keyed_as(version):
+        return False
+    return by_name is None or _writes(by_name, version)
+
+
 _BY_NAME_SINCE = (3, 4)  # autotune results cached, launcher stubs named with the Python's EXT_SUFFIX, from 3.4
 
 
-def _releases_by_name(entry: Entry) -> str | None:
+def _releases_by_name(entry: Described) -> str | None:
     """The Triton releases that write an entry of this kind so named, as Triton's source says: autotune results are
     cached from 3.4; a launcher stub is ``<name>.so`` through 3.3 and ``<name>`` + the Python's ``EXT_SUFFIX`` from
     3.4. None where the name says nothing (a kernel, another file, a stub of an archive that did not tag it)."""
@@ -287,11 +298,18 @@ def _check_stub(entry: Entry, env: Environment) -> list[Mismatch]:
     return mismatches
 
 
-def _triton_unchecked(no_compiler: int, by_version: int, unhashed: Counter[str]) -> list[str]:
-    """What the Triton comparison could not settle, counted: entries that no recorded Triton describes,
-    entries whose Triton matched by version while the archive holds no build key to compare, and kernels whose
-    backend hash this Triton cannot compute (by target)."""
+def _triton_unchecked(no_compiler: int, unknown: int, by_version: int, unhashed: Counter[str]) -> list[str]:
+    """What the Triton comparison could not settle, counted: entries that no recorded Triton describes (of which
+    ``unknown`` say that their archive cannot name theirs), entries whose Triton matched by version while the
+    archive holds no build key to compare, and kernels whose backend hash this Triton cannot compute (by
+    target)."""
     notes = []
+    if unknown:
+        own = "its" if unknown == 1 else "their"
+        notes.append(f"{count_entries(unknown)} whose archive cannot name {own} Triton (autotune results, launcher "
+                     f"stubs packed beside the kernels of one Triton, from a cache of several): {own} Triton was not "
+                     "checked")
+    no_compiler -= unknown
     if no_compiler:
         own = "its" if no_compiler == 1 else "their"
         notes.append(f"{count_entries(no_compiler)} without a Triton version of {own} own (autotune results, "
@@ -321,7 +339,7 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
         unchecked.append("autotune results record no target or env vars: only their Triton was checked")
     unowned = attributed(entries if packed is None else packed, info) if env.triton is not None else None
     mismatches = {}
-    no_compiler = by_version = 0
+    no_compiler = unknown = by_version = 0
     unhashed: Counter[str] = Counter()  # usable kernels by target, whose backend hash cannot be computed here
     for n, entry in enumerate(entries):
         found: list[Mismatch] = []
@@ -331,6 +349,7 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
                       or _check_name(entry, env.triton))
             if not found:
                 no_compiler += compiler is None
+                unknown += compiler is None and disowned(entry)
                 by_version += compiler is not None and not compiler.key_sha256
             if entry.kind == GROUP and not found:
                 found += _check_backend(entry, compiler, env.triton)
@@ -344,5 +363,5 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
             found += _check_stub(entry, env)
         if found:
             mismatches[n] = tuple(found)
-    unchecked += _triton_unchecked(no_compiler, by_version, unhashed)
+    unchecked += _triton_unchecked(no_compiler, unknown, by_version, unhashed)
     return CheckReport(Verdicts(entries, mismatches), unchecked, env)

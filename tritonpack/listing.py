@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry, named_version
+from .model import AUTOTUNE, GROUP, ArchiveInfo, Entry, disowned, named_version
 from .report import human_bytes, reasons_to_dicts
 from .safetext import printable, unsafe
 
@@ -28,11 +28,12 @@ def entry_to_dict(entry: Entry) -> dict:
     if entry.autotune:
         a = entry.autotune
         d.update(function=a.function, tuning_key=_jsonable(a.tuning_key), configs=a.configs,
-                 best_config=_jsonable(a.best_config), best_timing=a.best_timing, triton_version=a.triton_version)
+                 best_config=_jsonable(a.best_config), best_timing=a.best_timing, triton_version=a.triton_version,
+                 triton_unknown=disowned(entry))
     if entry.stub:
         s = entry.stub
         d.update(role=s.role, ext_suffix=s.ext_suffix, platform=s.platform, tag_from=s.tag_from,
-                 triton_version=s.triton_version)
+                 triton_version=s.triton_version, triton_unknown=disowned(entry))
     return d
 
 
@@ -83,9 +84,13 @@ def _table(headers: list[str], rows: Iterable[list[str]]) -> Iterator[str]:
 
 
 def _names_triton(entries: Sequence[Entry]) -> bool:
-    """Whether an autotune result or a file of these names its own Triton (format 1.2, a merge of several): the
-    tables then show a ``triton`` column, as the kernels' does."""
-    return any(named_version(e) for e in entries)
+    """Whether an autotune result or a file of these names its own Triton (format 1.2, a merge of several) or
+    says it cannot (1.3): the tables then show a ``triton`` column, as the kernels' does."""
+    return any(named_version(e) or disowned(e) for e in entries)
+
+
+def _triton_cell(entry: Entry) -> str:
+    return named_version(entry) or ("unknown" if disowned(entry) else "?")
 
 
 def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> Iterator[str]:
@@ -116,7 +121,7 @@ def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> It
                 a = e.autotune
                 assert a is not None  # the index gives every autotune result its info (index._decode_meta)
                 yield [a.function, str(a.configs), _config_text(a.best_config), ", ".join(map(str, a.tuning_key)),
-                       *([named_version(e) or "?"] if named else []), e.key[:12]]
+                       *([_triton_cell(e)] if named else []), e.key[:12]]
 
         yield from _table(["function", "configs", "best config", "tuning key", *(["triton"] if named else []),
                            "key"], autotune_rows())
@@ -126,7 +131,7 @@ def table_lines(info: ArchiveInfo, entries: Sequence[Entry], archive: str) -> It
         named = _names_triton(other)
         yield from _table(["name", "role", "bytes", *(["triton"] if named else []), "key"], (
             [e.name, e.stub.role if e.stub else "?", human_bytes(e.size),
-             *([named_version(e) or "?"] if named else []), e.key[:12]] for e in other))
+             *([_triton_cell(e)] if named else []), e.key[:12]] for e in other))
     if not entries:
         yield "(empty archive)"
 

@@ -12,7 +12,9 @@ preflight falls back to each kernel's own recorded version), one build key (else
 backend hash all inputs that have it agree on. The merging host's own Triton is never claimed: it compiled nothing.
 Autotune results and files name no version of their own: each input attributes them to the Triton of its kernels
 (spec §4.2), and where the merged archive would attribute them to none or to another (inputs of several Tritons),
-the merge writes that input's version in their ``meta`` (format 1.2), so that none is left unchecked for it.
+the merge writes that input's version in their ``meta`` (format 1.2), so that none is left unchecked for it. One
+that its input attributes to none (packed from a cache of several Tritons), where the merged archive would attribute
+it to one, says that its Triton is unknown (format 1.3), so that it is not passed as that one's.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .archivesource import ArchiveEntry, BlobStore, archive_entry
-from .compat import attributed, compiler_of
+from .compat import attributed, compiler_of, could_write
 from .errors import ConflictError, UsageError
-from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name, naming_triton
 from .remote import file_url_path, open_source, scheme_of
 from .report import count_words, human_bytes, kind_counts, plural
 from .report import entries as count_entries
@@ -59,6 +61,7 @@ class MergeResult:
     identical_other_triton: list[str]
     conflicts: list[str]  # "key/name (kind)": resolved by prefer
     versions_written: int  # autotune results and files whose Triton version the output names (format 1.2)
+    unknown_written: int  # those it says it cannot name one of, where it would attribute them to one (format 1.3)
     prefer: str | None
     files: int
     unique_blobs: int
@@ -97,6 +100,10 @@ class MergeResult:
             lines.append(f"{count_entries(self.versions_written)} (autotune results, launcher stubs) name the Triton "
                          "that produced them (format 1.2): the merged archive's kernels would attribute them to none "
                          "or to another")
+        if self.unknown_written:
+            lines.append(f"{count_entries(self.unknown_written)} (autotune results, launcher stubs) say that their "
+                         "Triton is unknown (format 1.3): their inputs name none, and the merged archive's kernels "
+                         "would attribute them to one; the preflight reports them unchecked")
         if self.unknown_entries:
             lines.append(f"dropped {self.unknown_entries} entries of a kind this tritonpack does not know")
         if len({(i.triton_version, i.triton_key_sha256) for i in self.inputs if i.contributed}) > 1:
@@ -146,20 +153,14 @@ def _producer_words(info: ArchiveInfo) -> str:
     return f"Triton {info.triton.version}{build}, backend hashes for {len(info.triton.backend_hashes)} target(s)"
 
 
-def _with_version(entry: Entry, version: str | None) -> Entry:
-    """An autotune result or a file naming ``version`` as its Triton (None: naming none)."""
-    if entry.autotune is not None:
-        return entry._replace(autotune=entry.autotune._replace(triton_version=version))
-    if entry.stub is not None:
-        return entry._replace(stub=entry.stub._replace(triton_version=version))
-    return entry
-
-
-def _named(version: str | None, output: TritonInfo | None) -> str | None:
-    """The version an autotune result or a file names in the merged archive: the one its input attributes to it,
-    where the merged archive would attribute it to none or to another (spec §4.6); else none, the archive's
-    record saying it."""
-    return version if output is None or version != output.version else None
+def _named(entry: Entry, version: str | None, output: TritonInfo | None) -> tuple[str | None, bool]:
+    """What an autotune result or a file says of its Triton in the merged archive: the version its input attributes
+    to it, where the merged archive would attribute it to none or to another (spec §4.6); that it is unknown, where
+    its input attributes it to none (a cache of several Tritons) and the merged archive would to one that could
+    have written it (1.3); else nothing, the archive's record saying it. As ``(version, unknown)``."""
+    if version is None:
+        return None, output is not None and could_write(entry, output.version)
+    return (version if output is None or version != output.version else None), False
 
 
 def _tritons(first: tuple[str | None, str], second: tuple[str | None, str]) -> str:
@@ -305,9 +306,9 @@ def merge(
                                                 if s == n and e.kernel and e.kernel.backend})
                             for n in contributing], created)
         theirs = attributed([e for _, _, e in picked], info)  # what the output would attribute to them
-        named = {(s, n): _named(version(s, e), theirs) for s, n, e in picked if e.kind != GROUP}
+        named = {(s, n): _named(e, version(s, e), theirs) for s, n, e in picked if e.kind != GROUP}
         sources: list[ArchiveEntry] = [
-            archive_entry(readers[s], s, n, _with_version(readers[s].entries[n], named[(s, n)])
+            archive_entry(readers[s], s, n, naming_triton(readers[s].entries[n], *named[(s, n)])
                           if (s, n) in named else readers[s].entries[n], store, keep[(s, n)])
             for s, n, _ in picked]
         written = write_archive(os.fspath(output), sources, info, level=level)
@@ -324,7 +325,8 @@ def merge(
             identical=identical,
             identical_other_triton=identical_other_triton,
             conflicts=conflicts,
-            versions_written=sum(v is not None for v in named.values()),
+            versions_written=sum(v is not None for v, _ in named.values()),
+            unknown_written=sum(unknown for _, unknown in named.values()),
             prefer=prefer,
             files=written.files,
             unique_blobs=written.blobs,

@@ -8,7 +8,10 @@ Python 3.11, where a named tuple costs 0.3 ms, and ``tritonpack list`` must answ
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from .cacheroot import LocalEntry
 
 GROUP = "group"
 AUTOTUNE = "autotune"
@@ -102,6 +105,7 @@ class AutotuneInfo(NamedTuple):
     best_config: dict[str, Any]
     best_timing: list[float]
     triton_version: str | None = None  # the Triton that tuned it, where an archive names it (format 1.2)
+    triton_unknown: bool = False  # its archive cannot say which Triton tuned it (format 1.3)
 
 
 class StubInfo(NamedTuple):
@@ -112,13 +116,49 @@ class StubInfo(NamedTuple):
     platform: str | None = None  # sysconfig.get_platform() of the packing host
     tag_from: str | None = None  # "filename" when the name carries the ABI tag, "packer" when assumed
     triton_version: str | None = None  # the Triton that built it, where an archive names it (format 1.2)
+    triton_unknown: bool = False  # its archive cannot say which Triton built it (format 1.3)
 
 
-def named_version(entry: Entry) -> str | None:
+class Described(Protocol):
+    """An entry as the archive has it (``Entry``) or as a scan finds it (``cacheroot.LocalEntry``)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def kernel(self) -> KernelInfo | None: ...
+    @property
+    def autotune(self) -> AutotuneInfo | None: ...
+    @property
+    def stub(self) -> StubInfo | None: ...
+
+
+D = TypeVar("D", "Entry", "LocalEntry")
+
+
+def named_version(entry: Described) -> str | None:
     """The Triton version an entry names of its own (a kernel's metadata; an autotune result's or a file's, in a
     1.2 archive), or None: the preflight then judges it by the Triton its archive attributes to it."""
     info = entry.kernel or entry.autotune or entry.stub
     return info.triton_version if info is not None else None
+
+
+def naming_triton(entry: D, version: str | None, unknown: bool = False) -> D:
+    """An autotune result or a file naming ``version`` as its Triton (None: naming none), or, ``unknown``, saying
+    that its archive cannot name one; any other entry as it is."""
+    if entry.autotune is not None:
+        return entry._replace(autotune=entry.autotune._replace(triton_version=version, triton_unknown=unknown))
+    if entry.stub is not None:
+        return entry._replace(stub=entry.stub._replace(triton_version=version, triton_unknown=unknown))
+    return entry
+
+
+def disowned(entry: Described) -> bool:
+    """Whether an autotune result or a file says that its archive cannot tell which Triton produced it (1.3): the
+    archive's attribution (spec §4.2) is not its, and the preflight reports it unchecked."""
+    info = entry.autotune or entry.stub
+    return info is not None and info.triton_unknown and info.triton_version is None
 
 
 class Entry(NamedTuple):

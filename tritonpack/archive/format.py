@@ -10,9 +10,10 @@ MAGIC = b"\x89TPACK\r\n"
 TRAILER_MAGIC = b"TPACKEND"
 FORMAT_MAJOR = 1
 # The newest this tritonpack reads and writes: 1.1 added blocks of codec zstd-splice (§5.1), 1.2 the Triton version
-# of autotune results and files (§4.6)
-FORMAT_MINOR = 2
+# of autotune results and files (§4.6), 1.3 their mark that no Triton can be named
+FORMAT_MINOR = 3
 ENTRY_VERSIONS = (1, 2)  # the version a writer declares where an autotune result or a file names its Triton
+UNKNOWN_VERSIONS = (1, 3)  # where one says that its Triton cannot be named
 
 HEADER = struct.Struct("<8sHHI")  # magic, major, minor, flags
 TRAILER = struct.Struct("<QQQ32s8s")  # index offset, index length, index size, sha256(index bytes), magic

@@ -242,11 +242,14 @@ def _entry_meta(entry: Entry) -> dict:
                 "best_config": a.best_config, "best_timing": a.best_timing}
         if a.triton_version is not None:
             meta["triton_version"] = a.triton_version
+        elif a.triton_unknown:
+            meta["triton_unknown"] = True
         return meta
     if entry.stub is not None:
         s = entry.stub
         return _drop_none({"role": s.role, "ext_suffix": s.ext_suffix, "platform": s.platform,
-                           "tag_from": s.tag_from, "triton_version": s.triton_version})
+                           "tag_from": s.tag_from, "triton_version": s.triton_version,
+                           "triton_unknown": True if s.triton_unknown and s.triton_version is None else None})
     return {}
 
 
@@ -504,11 +507,13 @@ def _decode_meta(kind: str, meta: _Fields) -> tuple[KernelInfo | None, AutotuneI
         return None, AutotuneInfo(
             function=meta.get("function", str), tuning_key=meta.get("tuning_key", list, False) or [],
             configs=meta.uint("configs", False) or 0, best_config=meta.get("best_config", dict, False) or {},
-            best_timing=[float(t) for t in timing], triton_version=meta.get("triton_version", str, False)), None
+            best_timing=[float(t) for t in timing], triton_version=meta.get("triton_version", str, False),
+            triton_unknown=meta.get("triton_unknown", bool, False) or False), None
     return None, None, StubInfo(
         role=meta.get("role", str), ext_suffix=meta.get("ext_suffix", str, False),
         platform=meta.get("platform", str, False), tag_from=meta.get("tag_from", str, False),
-        triton_version=meta.get("triton_version", str, False))
+        triton_version=meta.get("triton_version", str, False),
+        triton_unknown=meta.get("triton_unknown", bool, False) or False)
 
 
 def decode_blocks(raw_blocks: list, path: str) -> list[Block]:

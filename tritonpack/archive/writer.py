@@ -28,6 +28,7 @@ from ..model import (
     AutotuneInfo,
     KernelInfo,
     StubInfo,
+    disowned,
     index_order,
     named_version,
     names_of,
@@ -41,6 +42,7 @@ from .format import (
     HEADER_SIZE,
     MAX_BLOCK_SIZE,
     TRAILER_SIZE,
+    UNKNOWN_VERSIONS,
     Trailer,
     pack_header,
     pack_trailer,
@@ -500,13 +502,15 @@ def _write(out, path, scratch, entries, info, level, block_size, threads, on_fil
         info = info._replace(format_version=(1, 0))
     blocks: list[Block] = []
     counts, total = [], 0  # a large scan's entries are made again each time they are read: one pass
-    versioned = False  # an autotune result or a file names its Triton: a 1.2 feature
+    versioned = unknown = False  # an autotune result or a file names its Triton (1.2), or says it cannot (1.3)
     for e in entries:
         counts.append(len(e.files))
         total += total_size(e.files)
         versioned = versioned or (e.kind != GROUP and named_version(e) is not None)
-    if versioned and info.format_version < ENTRY_VERSIONS:
-        info = info._replace(format_version=ENTRY_VERSIONS)
+        unknown = unknown or disowned(e)
+    declared = UNKNOWN_VERSIONS if unknown else ENTRY_VERSIONS if versioned else info.format_version
+    if info.format_version < declared:
+        info = info._replace(format_version=declared)
     out.write(pack_header(info.format_version[1]))
     offset = HEADER_SIZE
     if total > max_unpack_bytes():
