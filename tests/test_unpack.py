@@ -650,6 +650,31 @@ def test_a_token_names_as_many_staging_directories_as_it_has_distinct_names(tmp_
     assert len(names) == staging.STAGE_DIRS_A_TOKEN == tempfiles.NAMES_A_RUN
 
 
+def test_a_root_removed_by_a_failing_concurrent_unpack_as_the_lock_is_made_is_made_again(tmp_path, monkeypatch):
+    """Another unpack into the same new root failed, and removed the root, empty, between this run's making of it
+    and the creation of its lock file there (seen once as ``cannot write: No such file or directory`` on the root,
+    in the disk-full test of ranks unpacking at once): the root is made again, and the lock taken."""
+    from tritonpack import tempfiles
+
+    root = tmp_path / "root"
+    real_open = os.open
+    removed = []
+
+    def open_after_a_removal(path, flags, *args):
+        if not removed and flags & os.O_EXCL and os.path.dirname(path) == str(root):
+            os.rmdir(root)
+            removed.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(tempfiles.os, "open", open_after_a_removal)
+    lock = tempfiles.RunLock(str(root))
+    try:
+        lock.acquire()
+        assert removed and os.path.exists(lock.path)
+    finally:
+        lock.release()
+
+
 def test_the_free_space_check_counts_each_manifest_exactly(tmp_path):
     """``manifest_size`` counts without building the bytes where every path is plain ASCII, and builds them
     otherwise: both are the length of what unpack writes."""

@@ -96,6 +96,9 @@ class RunLock:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
             except FileExistsError:
                 continue
+            except FileNotFoundError:  # a failing concurrent run removed the root, empty, since it was made: again
+                os.makedirs(self.root, exist_ok=True)
+                continue
             if fcntl is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
