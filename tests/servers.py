@@ -454,6 +454,84 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+@dataclass
+class SignedLinks:
+    """``signed_links``: its URL, and what its two servers were asked, in order: ``("origin", path)`` for each
+    redirect, ``("cdn", link, status)`` for each range asked of the CDN (``link``: the link's number)."""
+
+    url: str
+    asked: list[tuple] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLinks]:
+    """An origin that answers each request with a redirect to a new signed link on a CDN (another port), as Hugging
+    Face's ``resolve/main/`` and GitHub's release assets do, and a CDN that serves the file at ``path`` by ranges
+    through each link ``uses`` times, then answers ``failure`` (403: the signature expired; 500: the CDN fails)."""
+    import re
+
+    # Each answer closes its connection: the client's pool holds an idle one 15 s, and the servers' shutdown waits
+    served: dict[int, int] = {}  # link -> ranges served through it
+    made = iter(range(1, 1 << 30))
+    links = SignedLinks("")
+    lock = threading.Lock()
+
+    class Cdn(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            link = int(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["Signature"][0])
+            with lock:
+                fresh = served.get(link, 0) < uses
+                served[link] = served.get(link, 0) + fresh
+            data = path.read_bytes()
+            asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
+            status = 206 if fresh and asked else failure
+            links.asked.append(("cdn", link, status))
+            self.close_connection = True
+            if status != 206:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                return
+            first, last = asked.groups()
+            start = len(data) - int(last) if not first else int(first)
+            end = len(data) if not first or not last else min(int(last) + 1, len(data))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.send_header("ETag", '"one-archive"')
+            self.send_header("Content-Length", str(end - start))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data[start:end])
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving(Cdn) as cdn_port:
+        class Origin(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                with lock:
+                    link = next(made)
+                links.asked.append(("origin", self.path))
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{cdn_port}/k.tpack?Expires=1&Signature={link}")
+                self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+
+            def log_message(self, *args) -> None:
+                pass
+
+        with serving(Origin) as port:
+            links.url = f"http://127.0.0.1:{port}/resolve/main/k.tpack"
+            yield links
+
+
 @contextlib.contextmanager
 def redis_server(directory: Path) -> Iterator[int]:
     """redis-server without persistence; yields its port."""

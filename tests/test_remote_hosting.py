@@ -19,7 +19,7 @@ pytest.importorskip("aiohttp")
 
 from conftest import FOREIGN_STUB_BYTES as STUB_BYTES
 from conftest import pack_with_foreign_stub, snapshot
-from servers import FILE_SERVER_MODES, SIGNED_QUERY, file_server, free_port, nginx, running
+from servers import FILE_SERVER_MODES, SIGNED_QUERY, file_server, free_port, nginx, running, signed_links
 
 import tritonpack
 from tritonpack import remote
@@ -93,8 +93,10 @@ def test_every_range_request_follows_the_redirects(archive, log, capsys, path, a
     assert [rng for _, (*_, rng) in reads] == [f"bytes=-{TRAILER_SIZE}", f"bytes=0-{HEADER_SIZE - 1}", index]
     assert {port for port, _ in reads} == {log.cdn_port if answered_by == "cdn" else log.port}
     assert all(status in (301, 302, 307, 308) for _, (_, _, status, _, _) in rows if status != 206), rows
-    hops = 2 if path.startswith("/twice/") else 1  # each read asks the first server anew, with its Range
-    assert len(rows) == 3 * (hops + 1) and all(rng for _, (*_, rng) in rows)
+    # the first read follows the redirects; the later ones go where they led, the signed query as it was given
+    hops = 2 if path.startswith("/twice/") else 1
+    assert len(rows) == hops + 3 and all(rng for _, (*_, rng) in rows)
+    assert all(status == 206 for _, (_, _, status, _, _) in rows[hops:])
 
 
 @pytest.mark.parametrize("path", ["/resolve/main/k.tpack", f"/302/signed/k.tpack?{SIGNED_QUERY}"])
@@ -131,6 +133,35 @@ def test_unpack_and_ensure_through_a_cdn_redirect_fetch_only_their_blocks(archiv
     assert (trusted.status, trusted.digest) == ("present", first.digest)
     cdn = f"http://127.0.0.1:{log.cdn_port}/signed/k.tpack"  # the signed query left out: it is a credential
     assert trusted.unreachable == f"no such archive (not found on the server it redirects to, {cdn})"
+
+
+def test_reads_go_where_the_redirect_led_until_its_link_expires(archive, tmp_path, capsys):
+    """Each request to Hugging Face's resolve/main/ (or a GitHub release asset) is a round trip to a rate-limited
+    origin for a redirect to a signed CDN link: the link is kept for the reads that follow, and asked for anew once
+    the CDN refuses it (here after two ranges: an expired signature's 403)."""
+    with signed_links(archive, uses=2) as links:
+        assert listing(links.url, capsys) == listing(str(archive), capsys)
+        assert links.asked == [("origin", "/resolve/main/k.tpack"), ("cdn", 1, 206), ("cdn", 1, 206),
+                               ("cdn", 1, 403), ("origin", "/resolve/main/k.tpack"), ("cdn", 2, 206)]
+        links.asked.clear()
+        assert main(["unpack", links.url, "--cache-dir", str(tmp_path / "url"), "--arch", "90"]) == 0
+        assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "file"), "--arch", "90"]) == 0
+        capsys.readouterr()
+        same_tree(tmp_path / "url", tmp_path / "file")
+        cdn = [a for a in links.asked if a[0] == "cdn"]
+        assert sum(a[2] == 206 for a in cdn) >= 4 and len(links.asked) - len(cdn) == 1 + sum(a[2] == 403 for a in cdn)
+
+
+def test_a_kept_link_that_fails_otherwise_names_where_it_led(archive, capsys):
+    """A CDN that fails (500) on a link it served before: the error names the CDN, not its signed query, and the
+    origin is not asked again (only a 4xx says the link is done)."""
+    with signed_links(archive, uses=1, failure=500) as links:
+        assert main(["list", links.url]) == 7
+        cdn = links.url.split("/resolve/")[0].rsplit(":", 1)[0]
+        error = one_line_error(capsys, links.url)
+        assert error.startswith("HTTP 500 Internal Server Error (from http://127.0.0.1:") and error.endswith(
+            "/k.tpack, where it redirects)") and "Signature" not in error and cdn in error
+        assert links.asked == [("origin", "/resolve/main/k.tpack"), ("cdn", 1, 206), ("cdn", 1, 500)]
 
 
 @pytest.mark.parametrize("path, code, message", [

@@ -123,6 +123,15 @@ class _Served:
         # where the last request's failed reply came from, when a redirect led there (cleared as each request starts:
         # a later failure without a redirect, a refused connection, must not name an old one)
         self.redirected_to = ""
+        # where the redirects of a range request led, the reply good: later reads go there first (a signed query
+        # with it, held in memory only)
+        self.location = ""
+
+    def forget(self, location: str) -> None:
+        """The redirect target ``location`` answers no more (a signed link expired): reads go through the URL
+        again, unless another read has found a newer one meanwhile."""
+        if self.location == location:
+            self.location = ""
 
     def same_archive(self, total: int | None, headers) -> None:
         if total is not None:
@@ -158,7 +167,7 @@ def _http_trace(served: _Served):
         response = params.response
         if response.status >= 300:  # said by fsspec's or the client's error; where it came from, said here
             if response.history:
-                served.redirected_to = str(response.url.with_query(None).with_user(None))
+                served.redirected_to = _public(response.url)
             return
         encoding = response.headers.get("Content-Encoding", "")
         if encoding.strip().lower() not in ("", "identity"):
@@ -169,6 +178,8 @@ def _http_trace(served: _Served):
             if length is None or not length.isdigit() or wanted is None or int(length) > wanted:
                 raise _Refused(NO_RANGES)
             served.same_archive(int(length), response.headers)  # the whole file is no larger than the range
+            if response.history:
+                served.location = str(response.url)
             return
         span, _, total_text = response.headers.get("Content-Range", "").removeprefix("bytes ").partition("/")
         first, _, last = span.partition("-")
@@ -177,6 +188,8 @@ def _http_trace(served: _Served):
                 (int(first), int(last)) != _expected_range(asked, total):
             raise _Refused(f"the server answered bytes {span} where {params.headers['Range']} was asked")
         served.same_archive(int(total_text) if total_text.isdigit() else None, response.headers)
+        if response.history:
+            served.location = str(response.url)
 
     trace = aiohttp.TraceConfig()
     async def on_request_start(session, context, params) -> None:  # a failure names its own redirect, or none
@@ -247,6 +260,21 @@ def _served(url: str) -> _Served:
     return kept.setdefault(url, _Served())
 
 
+def _refused_link(error: Exception) -> bool:
+    """Whether a redirect target answered that it serves the archive no more: 404 (fsspec's FileNotFoundError), or
+    another 4xx (aiohttp's ``ClientResponseError``: an expired signature's 403, a 410)."""
+    return isinstance(error, FileNotFoundError) or 400 <= (getattr(error, "status", 0) or 0) < 500
+
+
+def _public(url) -> str:
+    """A URL (a ``yarl.URL``, or its text as sent) as an error may name it: without its query (a signed URL's is a
+    credential) and its user."""
+    import yarl
+
+    url = url if isinstance(url, yarl.URL) else yarl.URL(url, encoded=True)
+    return str(url.with_query(None).with_user(None))
+
+
 def _http_session(served: _Served) -> dict:
     """The aiohttp session's settings: the trace that checks each reply; ``Accept-Encoding: identity`` and no
     decompression, since a compressed reply's bytes are not the range asked for (nginx's ``gzip on`` answers a
@@ -300,8 +328,8 @@ class FsspecSource:
 
     Over HTTP the size comes with the first read, a suffix range for the trailer (its ``Content-Range`` names
     the total), and that read is kept for the reader's trailer read: listing costs exactly three requests. Each
-    reply is checked before its body is read (``_http_trace``): redirects are followed, each read anew.
-    Elsewhere the size is one ``fs.info`` call.
+    reply is checked before its body is read (``_http_trace``). Where the URL redirects, later reads go where the
+    redirects led while it answers (``_cat``). Elsewhere the size is one ``fs.info`` call.
     """
 
     def __init__(self, url: str):
@@ -342,21 +370,39 @@ class FsspecSource:
             return fn(*args, **kwargs)
         except TpackError:
             raise
-        except FileNotFoundError:
-            where = self._served.redirected_to
-            found = f"not found on the server it redirects to, {where}" if where else "not found on the server"
-            raise NotFoundError(f"no such archive ({found})", self.name) from None
-        except _Refused as e:
-            raise RemoteError(str(e), self.name) from None
         except Exception as e:  # the backends' own errors (aiohttp, botocore, huggingface_hub): one line
-            where = self._served.redirected_to
-            raise RemoteError(f"{_describe(e)} (from {where}, where it redirects)" if where else _describe(e),
-                              self.name) from None
+            raise self._error(e, self._served.redirected_to) from None
+
+    def _error(self, error: Exception, where: str) -> TpackError:
+        """The one-line error for a backend's failure; ``where``: the server a redirect led to, if it failed."""
+        if isinstance(error, FileNotFoundError):
+            found = f"not found on the server it redirects to, {where}" if where else "not found on the server"
+            return NotFoundError(f"no such archive ({found})", self.name)
+        if isinstance(error, _Refused):
+            return RemoteError(str(error), self.name)
+        return RemoteError(f"{_describe(error)} (from {where}, where it redirects)" if where else _describe(error),
+                           self.name)
+
+    def _cat(self, **where) -> bytes:
+        """A range of the archive over HTTP: from where the URL's redirects led, while that answers, else through
+        the URL, whose redirects then lead anew. Hugging Face's ``resolve/main/`` and GitHub's release assets
+        answer each request with a redirect to a CDN's signed link (good for minutes or hours): without this, every
+        read of every pod of a fleet cost a round trip to that origin, which rate-limits by client. A link that
+        answers 4xx (expired, revoked) is dropped, and the read goes through the URL again."""
+        location = self._served.location
+        if location:
+            try:
+                return self._fs.cat_file(location, **where)
+            except Exception as e:
+                if not _refused_link(e):
+                    raise self._error(e, _public(location)) from None
+                self._served.forget(location)
+        return self._call(self._fs.cat_file, self._path, **where)
 
     def size(self) -> int:
         if self._size is None:
             if self._http:
-                tail = self._call(self._fs.cat_file, self._path, start=-TRAILER_SIZE)
+                tail = self._cat(start=-TRAILER_SIZE)
                 size = self._served.size
                 if size is None:  # no Content-Range (e.g. an empty file): ask for the size
                     size = self._call(self._fs.size, self._path)
@@ -389,7 +435,8 @@ class FsspecSource:
             start, tail = self._tail
             if start <= offset and end <= start + len(tail):
                 return tail[offset - start:end - start]
-        data = self._call(self._fs.cat_file, self._path, start=offset, end=end)
+        data = self._cat(start=offset, end=end) if self._http else \
+            self._call(self._fs.cat_file, self._path, start=offset, end=end)
         if len(data) > end - offset:
             raise RemoteError("the server does not support range requests (it sent more than the range asked)",
                               self.name)
