@@ -25,9 +25,8 @@ from ..forking import cores, fork_safe, private_map
 from ..model import (
     GROUP,
     ArchiveInfo,
-    AutotuneInfo,
+    Described,
     KernelInfo,
-    StubInfo,
     disowned,
     index_order,
     named_version,
@@ -108,23 +107,13 @@ class SourceFile(Protocol):
         """Fill ``view`` (``size`` bytes) with the contents."""
 
 
-class SourceEntry(Protocol):
+class SourceEntry(Described, Protocol):
     """An entry to archive (read only: an entry may be a named tuple)."""
 
-    @property
-    def kind(self) -> str: ...
-    @property
-    def key(self) -> str: ...
     @property
     def name(self) -> str: ...
     @property
     def files(self) -> Sequence[SourceFile]: ...
-    @property
-    def kernel(self) -> KernelInfo | None: ...
-    @property
-    def autotune(self) -> AutotuneInfo | None: ...
-    @property
-    def stub(self) -> StubInfo | None: ...
 
 
 class WriteResult(NamedTuple):
