@@ -255,10 +255,10 @@ def _owners_note(owners: Counter[str | None], version: str, left_out: set[str]) 
 
     if not owners:
         return None
-    said = [f"{entries(owners[None])} say their Triton is unknown (reported unchecked where unpacked)"] \
-        if owners[None] else []
-    said += [f"{entries(n)} name Triton {v}, by {'its' if n == 1 else 'their'} name" for v, n in sorted(
-        (v, n) for v, n in owners.items() if v is not None)]
+    said = [f"{entries(n)} say{'s its' if n == 1 else ' their'} Triton is unknown (reported unchecked where "
+            "unpacked)" for n in [owners[None]] if n]
+    said += [f"{entries(n)} name{'s' if n == 1 else ''} Triton {v}, by {'its name' if n == 1 else 'their names'}"
+             for v, n in sorted((v, n) for v, n in owners.items() if v is not None)]
     return (f"autotune results and launcher stubs packed beside kernels of Triton {version} only, from a cache of "
             f"kernels of Triton {', '.join(sorted(left_out))} too (not selected), which could have written them: "
             + "; ".join(said))

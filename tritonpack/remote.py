@@ -393,6 +393,8 @@ class FsspecSource:
         if location:
             try:
                 return self._fs.cat_file(location, **where)
+            except TpackError:
+                raise
             except Exception as e:
                 if not _refused_link(e):
                     raise self._error(e, _public(location)) from None
