@@ -446,24 +446,29 @@ def silent_s3(monkeypatch, tmp_path):
     import fsspec.config
 
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)  # a close does not wake a thread blocked in accept: it looks at ``over`` instead
+    over = threading.Event()
     requests: list[str] = []
     held = []
 
     def take() -> None:
-        while True:
+        while not over.is_set():
             try:
                 connection, _ = listener.accept()
-            except OSError:  # closed: the test is over
-                return
+            except TimeoutError:
+                continue
             held.append(connection)
             connection.settimeout(5)
             with contextlib.suppress(OSError):
                 requests.append(connection.recv(4096).decode())
 
-    threading.Thread(target=take, daemon=True).start()
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
     s3_environment(f"http://127.0.0.1:{listener.getsockname()[1]}", monkeypatch, tmp_path)
     monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"read_timeout": 0.5}})
     yield requests
+    over.set()
+    taker.join()
     listener.close()
     for connection in held:
         connection.close()
