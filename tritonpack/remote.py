@@ -178,17 +178,15 @@ def _http_trace(served: _Served):
             if length is None or not length.isdigit() or wanted is None or int(length) > wanted:
                 raise _Refused(NO_RANGES)
             served.same_archive(int(length), response.headers)  # the whole file is no larger than the range
-            if response.history:
-                served.location = str(response.url)
-            return
-        span, _, total_text = response.headers.get("Content-Range", "").removeprefix("bytes ").partition("/")
-        first, _, last = span.partition("-")
-        total = int(total_text) if total_text.isdigit() else served.size
-        if total is not None and first.isdigit() and last.isdigit() and \
-                (int(first), int(last)) != _expected_range(asked, total):
-            raise _Refused(f"the server answered bytes {span} where {params.headers['Range']} was asked")
-        served.same_archive(int(total_text) if total_text.isdigit() else None, response.headers)
-        if response.history:
+        else:
+            span, _, total_text = response.headers.get("Content-Range", "").removeprefix("bytes ").partition("/")
+            first, _, last = span.partition("-")
+            total = int(total_text) if total_text.isdigit() else served.size
+            if total is not None and first.isdigit() and last.isdigit() and \
+                    (int(first), int(last)) != _expected_range(asked, total):
+                raise _Refused(f"the server answered bytes {span} where {params.headers['Range']} was asked")
+            served.same_archive(int(total_text) if total_text.isdigit() else None, response.headers)
+        if response.history:  # a good reply where redirects led: later reads go there
             served.location = str(response.url)
 
     trace = aiohttp.TraceConfig()

@@ -34,6 +34,7 @@ from ..model import (
     StoredFile,
     StubInfo,
     TritonInfo,
+    disowned,
     manifest_name,
     names_of,
 )
@@ -242,14 +243,14 @@ def _entry_meta(entry: Entry) -> dict:
                 "best_config": a.best_config, "best_timing": a.best_timing}
         if a.triton_version is not None:
             meta["triton_version"] = a.triton_version
-        elif a.triton_unknown:
+        elif disowned(entry):
             meta["triton_unknown"] = True
         return meta
     if entry.stub is not None:
         s = entry.stub
         return _drop_none({"role": s.role, "ext_suffix": s.ext_suffix, "platform": s.platform,
                            "tag_from": s.tag_from, "triton_version": s.triton_version,
-                           "triton_unknown": True if s.triton_unknown and s.triton_version is None else None})
+                           "triton_unknown": True if disowned(entry) else None})
     return {}
 
 
