@@ -542,3 +542,157 @@ def redis_server(directory: Path) -> Iterator[int]:
             "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no"]
     with running(argv, port, directory / "redis.log"):
         yield port
+
+
+@dataclass
+class Hub:
+    """``hugging_face_hub``: its endpoint (``HF_ENDPOINT``), what its two servers were asked, in order
+    (``(server, method, path, Range, Authorization)``, server ``"hub"`` or ``"cdn"``), and its repositories'
+    branches and commits, which ``commit`` adds to (as a push does)."""
+
+    endpoint: str
+    token: str
+    asked: list[tuple] = field(default_factory=list)
+    commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit -> {path: bytes}
+    refs: dict[tuple[str, str], str] = field(default_factory=dict)  # (repo, branch or tag) -> commit
+    private: set[str] = field(default_factory=set)  # repos that answer only to the token
+    link_uses: int = 0  # ranges the CDN serves through one signed link before it answers 403 (0: no end)
+
+    def commit(self, repo: str, files: dict[str, bytes], ref: str = "main") -> str:
+        """Push ``files`` (path -> bytes, added to the ref's last commit's) to ``repo``'s ``ref``; its commit."""
+        import hashlib
+
+        before = self.commits.get(self.refs.get((repo, ref), ""), {})
+        sha = hashlib.sha1(f"{repo} {ref} {len(self.commits)}".encode()).hexdigest()
+        self.commits[sha] = {**before, **files}
+        self.refs[repo, ref] = sha
+        return sha
+
+    def by(self, server: str) -> list[tuple]:
+        return [a for a in self.asked if a[0] == server]
+
+
+@contextlib.contextmanager
+def hugging_face_hub() -> Iterator[Hub]:
+    """A Hugging Face Hub as ``huggingface_hub`` and the ``resolve`` URLs meet it: ``/{[datasets/|spaces/]}
+    {repo}/resolve/{revision}/{path}`` answers 302 to a CDN with a new signed link, naming the commit
+    (``X-Repo-Commit``) and the file (``X-Linked-Etag``, ``X-Linked-Size``), as the Hub does for LFS and Xet files;
+    a revision is a branch, a tag or a commit; ``/buckets/{id}/resolve/{path}`` answers 302 with no commit. A private
+    repository answers 401 ``RepoNotFound`` without the token (as the Hub does, not to say whether it exists), and
+    each error says why in ``X-Error-Code`` and ``X-Error-Message``. The CDN serves a file by its sha256, by
+    ranges, with that as its ``ETag``."""
+    import hashlib
+    import re
+
+    lock = threading.Lock()
+    blobs: dict[str, bytes] = {}
+    served: dict[str, int] = {}  # signed link -> ranges asked through it
+    hub = Hub("", token="hf_" + uuid.uuid4().hex)
+    links = iter(range(1, 1 << 30))
+
+    def answer(handler, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+        handler.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body)), "Connection": "close"}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.close_connection = True
+        if handler.command != "HEAD":
+            handler.wfile.write(body)
+
+    class Cdn(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            hub.asked.append(("cdn", self.command, self.path, self.headers.get("Range"),
+                              self.headers.get("Authorization")))
+            where = urllib.parse.urlsplit(self.path)
+            data = blobs.get(where.path.strip("/"))
+            asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
+            if data is None:
+                return answer(self, 404, {})
+            with lock:
+                link = where.query
+                served[link] = served.get(link, 0) + 1
+                if hub.link_uses and served[link] > hub.link_uses:
+                    return answer(self, 403, {})  # the signature expired
+            etag = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "Accept-Ranges": "bytes"}
+            if not asked or not any(asked.groups()):
+                return answer(self, 200, etag, data)
+            first, last = asked.groups()
+            start = len(data) - int(last) if not first else int(first)
+            end = len(data) if not first or not last else min(int(last) + 1, len(data))
+            answer(self, 206, {**etag, "Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}, data[start:end])
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving(Cdn) as cdn_port:
+        class Origin(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def refuse(self, status: int, code: str, message: str) -> None:
+                answer(self, status, {"X-Error-Code": code, "X-Error-Message": message})
+
+            def do_GET(self) -> None:
+                auth = self.headers.get("Authorization")
+                hub.asked.append(("hub", self.command, self.path, self.headers.get("Range"), auth))
+                path = urllib.parse.urlsplit(self.path).path  # quoted: a revision's slash is %2F
+                api = re.fullmatch(r"/api/(models|datasets|spaces)/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(/.*)?)?",
+                                   path)
+                if api:
+                    return self.api(*api.groups())
+                bucket = re.fullmatch(r"/buckets/([^/]+/[^/]+)/resolve/(.+)", path)
+                repo = re.fullmatch(r"/((?:datasets/|spaces/|kernels/)?[^/]+/[^/]+)/resolve/"
+                                    r"(refs/pr/\d+|[^/]+)/(.+)", path)
+                match = bucket or repo
+                if not match:
+                    return self.refuse(404, "RepoNotFound", "Repository not found")
+                name = urllib.parse.unquote(match.group(1))
+                if auth and auth != f"Bearer {hub.token}":
+                    return self.refuse(401, "", "Invalid credentials in Authorization header")
+                if name in hub.private and not auth:
+                    return self.refuse(401, "RepoNotFound", "Repository not found")
+                revision, file = ("main", match.group(2)) if bucket else (match.group(2), match.group(3))
+                revision, file = urllib.parse.unquote(revision), urllib.parse.unquote(file)
+                with lock:
+                    commit = hub.refs.get((name, revision), revision if revision in hub.commits else None)
+                    if commit is None:
+                        return self.refuse(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+                    data = hub.commits[commit].get(file)
+                    link = next(links)
+                if data is None:
+                    return self.refuse(404, "EntryNotFound", "Entry not found")
+                digest = hashlib.sha256(data).hexdigest()
+                blobs[digest] = data
+                headers = {"Location": f"http://127.0.0.1:{cdn_port}/{digest}?Expires=1&Signature={link}",
+                           "ETag": f'"{digest}"', "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data))}
+                answer(self, 302, headers if bucket else {**headers, "X-Repo-Commit": commit})
+
+            def api(self, kind: str, repo: str, route: str | None, revision: str | None, folder: str | None) -> None:
+                """The two routes of the Hub's API that fsspec's ``HfFileSystem`` reads a file by (the
+                benchmark's baseline, ``bench/hub_reads.py``): a repository's commit at a revision, and a
+                folder's files."""
+                name = repo if kind == "models" else f"{kind}/{repo}"
+                revision = urllib.parse.unquote(revision or "main")
+                commit = hub.refs.get((name, revision), revision if revision in hub.commits else None)
+                if commit is None:
+                    return self.refuse(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+                files = hub.commits[commit]
+                if route == "tree":
+                    folder = urllib.parse.unquote(folder or "/").strip("/")
+                    body = [{"type": "file", "path": path, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                            for path, data in files.items() if path.rpartition("/")[0] == folder]
+                else:
+                    body = {"id": repo, "sha": commit, "siblings": [{"rfilename": path} for path in files]}
+                answer(self, 200, {"Content-Type": "application/json"}, json.dumps(body).encode())
+
+            do_HEAD = do_GET
+
+            def log_message(self, *args) -> None:
+                pass
+
+        with serving(Origin) as port:
+            hub.endpoint = f"http://127.0.0.1:{port}"
+            yield hub

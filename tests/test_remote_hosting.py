@@ -307,18 +307,6 @@ def test_ensure_does_not_stamp_an_archive_uploaded_after_its_digest_was_read(arc
         assert (result.status, result.digest) == ("unpacked", reader.digest)
 
 
-def test_hf_urls_need_huggingface_hub_and_fail_in_one_line_where_the_hub_cannot_be_reached(monkeypatch, capsys):
-    url = "hf://team/models/k.tpack"
-    if importlib.util.find_spec("huggingface_hub") is None:
-        assert main(["list", url]) == 2
-        message = one_line_error(capsys, url)
-        assert message.startswith("hf:// needs a package that is not installed") and "huggingface_hub" in message
-        return
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # as with no network: nothing answers
-    assert main(["list", url]) == 7
-    assert "Connection refused" in one_line_error(capsys, url)
-
-
 # -- S3, against moto's server --------------------------------------------------------------------------------------
 
 def require_s3_packages() -> None:

@@ -11,11 +11,15 @@ import os
 import re
 from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 from .archive.format import TRAILER_SIZE
 from .archive.source import ByteSource
 from .errors import NotFoundError, RemoteError, TpackError, UsageError
 from .streams import local_source
+
+if TYPE_CHECKING:
+    from . import hub
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
@@ -126,6 +130,10 @@ class _Served:
         # where the redirects of a range request led, the reply good: later reads go there first (a signed query
         # with it, held in memory only)
         self.location = ""
+        # what the server said of the last request's failure (the Hub's ``X-Error-Message``), cleared as above
+        self.said = ""
+        # the commit the first reply names (the Hub's ``X-Repo-Commit``): later requests name it (``hub``)
+        self.commit = ""
 
     def forget(self, location: str) -> None:
         """The redirect target ``location`` answers no more (a signed link expired): reads go through the URL
@@ -160,14 +168,20 @@ def _http_trace(served: _Served):
     from, when a redirect led there (its query left out: a signed URL's is a credential)."""
     import aiohttp
 
+    from .hub import COMMIT
+
     async def on_request_end(session, context, params) -> None:
         asked = _asked(params.headers.get("Range") or "")
         if asked is None:
             return
         response = params.response
+        if not served.commit:
+            served.commit = next((c for r in (*response.history, response)
+                                  if COMMIT.fullmatch(c := r.headers.get("X-Repo-Commit", ""))), "")
         if response.status >= 300:  # said by fsspec's or the client's error; where it came from, said here
             if response.history:
                 served.redirected_to = _public(response.url)
+            served.said = " ".join(response.headers.get("X-Error-Message", "").split())[:200]
             return
         encoding = response.headers.get("Content-Encoding", "")
         if encoding.strip().lower() not in ("", "identity"):
@@ -191,7 +205,7 @@ def _http_trace(served: _Served):
 
     trace = aiohttp.TraceConfig()
     async def on_request_start(session, context, params) -> None:  # a failure names its own redirect, or none
-        served.redirected_to = ""
+        served.redirected_to = served.said = ""
 
     trace.on_request_start.append(on_request_start)
     trace.on_request_end.append(on_request_end)
@@ -343,9 +357,20 @@ class FsspecSource:
         self._served = _served(url)
         self._tail: tuple[int, bytes] | None = None  # (offset, bytes) of the suffix read
         self._size: int | None = None
+        # an hf:// URL: the file, and the Hub's endpoint and headers (its token: sent to the Hub, never where it
+        # redirects, which aiohttp drops it for, nor to the link kept, which ``_cat`` asks without it)
+        self._hub: tuple[hub.HubFile, hub.HubAccess] | None = None
+        self._headers: dict[str, str] = {}
+        if scheme == "hf":
+            from . import hub
+
+            file, access = hub.parse(url), hub.access(url)
+            self._hub, self._headers = (file, access), access.headers
         try:
-            if scheme in _HTTP:
-                self._fs, self._path = fsspec.core.url_to_fs(wire_url(url), encoded=True, skip_instance_cache=True,
+            if scheme in _HTTP or self._hub:
+                origin = self._hub[0].url(self._hub[1].endpoint) if self._hub else url
+                self._fs, self._path = fsspec.core.url_to_fs(wire_url(origin), encoded=True,
+                                                             skip_instance_cache=True,
                                                              client_kwargs=_http_session(self._served))
             elif scheme in _S3:
                 self._fs, self._path = fsspec.core.url_to_fs(url, **_s3_settings())
@@ -361,7 +386,7 @@ class FsspecSource:
             raise UsageError(_describe(e), url) from None
         except Exception as e:  # a backend that connects as it is made (ftp://, github://) or reads a chained
             raise RemoteError(_describe(e), url) from None  # URL's container (zip://...::file://...)
-        self._http = scheme in _HTTP
+        self._http = scheme in _HTTP or self._hub is not None
 
     def _call(self, fn, *args, **kwargs):
         try:
@@ -373,13 +398,23 @@ class FsspecSource:
 
     def _error(self, error: Exception, where: str) -> TpackError:
         """The one-line error for a backend's failure; ``where``: the server a redirect led to, if it failed."""
+        said = f": {self._served.said}" if self._served.said else ""
         if isinstance(error, FileNotFoundError):
             found = f"not found on the server it redirects to, {where}" if where else "not found on the server"
-            return NotFoundError(f"no such archive ({found})", self.name)
+            return NotFoundError(f"no such archive ({found}{said})", self.name)
         if isinstance(error, _Refused):
             return RemoteError(str(error), self.name)
-        return RemoteError(f"{_describe(error)} (from {where}, where it redirects)" if where else _describe(error),
-                           self.name)
+        described = f"{_describe(error)}{said}"
+        if self._hub and getattr(error, "status", None) in (401, 403) and not self._hub[1].authorized:
+            described += " (a private or gated repository needs a token: set HF_TOKEN, or run hf auth login)"
+        return RemoteError(f"{described} (from {where}, where it redirects)" if where else described, self.name)
+
+    def _origin(self) -> str:
+        """The URL asked when no kept link answers: on the Hub, at the commit the first reply named."""
+        if self._hub and self._served.commit:
+            file, access = self._hub
+            return wire_url(file.url(access.endpoint, self._served.commit))
+        return self._path
 
     def _cat(self, **where) -> bytes:
         """A range of the archive over HTTP: from where the URL's redirects led, while that answers, else through
@@ -397,7 +432,7 @@ class FsspecSource:
                 if not _refused_link(e):
                     raise self._error(e, _public(location)) from None
                 self._served.forget(location)
-        return self._call(self._fs.cat_file, self._path, **where)
+        return self._call(self._fs.cat_file, self._origin(), headers=self._headers, **where)
 
     def size(self) -> int:
         if self._size is None:
@@ -405,7 +440,7 @@ class FsspecSource:
                 tail = self._cat(start=-TRAILER_SIZE)
                 size = self._served.size
                 if size is None:  # no Content-Range (e.g. an empty file): ask for the size
-                    size = self._call(self._fs.size, self._path)
+                    size = self._call(self._fs.size, self._origin(), headers=self._headers)
                 self._tail = (size - len(tail), tail)
                 self._size = size
             else:

@@ -1,0 +1,104 @@
+"""Archives on the Hugging Face Hub: ``hf://[TYPE/]NAMESPACE/NAME[@REVISION]/PATH`` read as the file's ``resolve``
+URL over HTTP, by the reader ``remote`` has for any URL, with the Hub's credentials sent to the Hub alone.
+
+Not through fsspec's ``HfFileSystem``: its files read ahead 5 MB past every range (an unpack of the benchmark's
+8.9 MB archive fetched 32 MB: ``bench/hub_reads.py``), and each of its reads asks the Hub's ``resolve`` endpoint
+again, where the HTTP reader follows the redirect once and reads from the CDN it leads to, as a fleet's pods
+must to stay under the Hub's rate limits. The first reply names the commit the revision is at
+(``X-Repo-Commit``): every later request to the Hub names that commit, so a branch moved while an archive is read
+(a new archive pushed to ``main``) changes nothing of what this read gets.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from .errors import RemoteError, UsageError
+
+FORM = "hf://[TYPE/]NAMESPACE/NAME[@REVISION]/PATH"
+_PREFIXES = {"models": "", "datasets": "datasets/", "spaces": "spaces/", "kernels": "kernels/"}
+# revisions that hold slashes as written, as the Hub's own routes take them (others say a slash as %2F)
+_SPECIAL_REF = re.compile(r"refs/(?:pr/\d+|convert/[^/]+)")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """A file of a repository or bucket on the Hub, as an ``hf://`` URL names it."""
+
+    kind: str  # a key of _PREFIXES, or "buckets"
+    repo: str  # NAMESPACE/NAME
+    revision: str  # a branch, tag or commit; "" for a bucket, which has none
+    path: str  # within the repository, unquoted
+
+    def url(self, endpoint: str, commit: str = "") -> str:
+        """The file's ``resolve`` URL under ``endpoint``, at ``commit`` where one is given."""
+        if self.kind == "buckets":
+            return f"{endpoint}/buckets/{self.repo}/resolve/{quote(self.path)}"
+        revision = commit or self.revision
+        if not _SPECIAL_REF.fullmatch(revision):
+            revision = quote(revision, safe="")
+        return f"{endpoint}/{_PREFIXES[self.kind]}{self.repo}/resolve/{revision}/{quote(self.path)}"
+
+
+def parse(url: str) -> HubFile:
+    """The file an ``hf://`` URL names (the grammar of ``huggingface_hub``'s URIs; a repository's revision
+    defaults to ``main``). Raises ``UsageError`` for a URL that names no file."""
+    body = url.split("://", 1)[1]
+    first, _, rest = body.partition("/")
+    kind = first if first in _PREFIXES or first == "buckets" else "models"
+    if kind != first:
+        rest = body
+    namespace, _, rest = rest.partition("/")
+    name, _, path = rest.partition("/")
+    revision = ""
+    if "@" in name and kind != "buckets":
+        name, _, revision = (name + "/" + path).partition("@")
+        special = _SPECIAL_REF.match(revision)
+        cut = special.end() if special else (revision.find("/") if "/" in revision else len(revision))
+        revision, path = unquote(revision[:cut]), revision[cut + 1:]
+        if not revision:
+            raise UsageError(f"an empty revision after '@': {FORM}", url)
+    if not namespace or not name or not path or "" in path.split("/"):
+        raise UsageError(f"not a file on the Hugging Face Hub: {FORM}", url)
+    return HubFile(kind, f"{namespace}/{name}", revision or ("" if kind == "buckets" else "main"), unquote(path))
+
+
+@dataclass(frozen=True)
+class HubAccess:
+    """Where the Hub is and what it is sent: its endpoint (``HF_ENDPOINT``), the token ``huggingface_hub`` finds
+    (``HF_TOKEN``, a login's; none with ``HF_HUB_DISABLE_IMPLICIT_TOKEN``) and a User-Agent naming tritonpack.
+    Not ``build_hf_headers``: where it finds an AI agent's variables it asks the Hub for a registry of them."""
+
+    endpoint: str
+    headers: dict[str, str]
+
+    @property
+    def authorized(self) -> bool:
+        return "Authorization" in self.headers
+
+
+def access(url: str) -> HubAccess:
+    """The Hub's endpoint and headers, as ``huggingface_hub`` is set up. Raises ``UsageError`` where it is not
+    installed, and ``RemoteError`` where ``HF_HUB_OFFLINE`` tells it not to ask the Hub."""
+    from . import __version__
+
+    try:
+        import huggingface_hub
+    except ImportError as e:
+        raise UsageError(f"hf:// needs a package that is not installed ({' '.join(str(e).split())}): "
+                         "pip install huggingface_hub", url) from None
+    try:
+        from huggingface_hub import constants, get_token
+    except ImportError:
+        raise UsageError(f"hf:// needs huggingface_hub 0.20 or later, not {huggingface_hub.__version__}: "
+                         "pip install -U huggingface_hub", url) from None
+    if constants.HF_HUB_OFFLINE:  # unreachable by choice: ensure trusts its stamp of the URL, as when offline
+        raise RemoteError("HF_HUB_OFFLINE is set, so the Hub is not asked: unset it, or unpack a downloaded copy "
+                          "of the archive", url)
+    headers = {"User-Agent": f"tritonpack/{__version__}"}
+    token = None if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN else get_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return HubAccess(constants.ENDPOINT.rstrip("/"), headers)
