@@ -107,6 +107,33 @@ def counted_forks(monkeypatch) -> list[int]:
     return made
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_fsspec_thread_after_the_module():
+    """fsspec runs its event loop in a thread it keeps for the process's life, with asyncio's executor threads
+    (DNS) beside it: after a module that read URLs, every later test would run in a multi-threaded process, where
+    the CLI forks no worker (``forking.fork_safe``), so that a test of forking passed or failed by the order of the
+    modules, and Python 3.12+ warned at each fork the tests force. Stopped after each module, with the
+    filesystems made on that loop (fsspec makes a new loop when next asked)."""
+    yield
+    import sys
+
+    asyn = sys.modules.get("fsspec.asyn")
+    if asyn is None or asyn.loop[0] is None:
+        return
+    import asyncio
+
+    from fsspec.registry import _registry
+
+    for cls in list(_registry.values()):
+        cls.clear_instance_cache()
+    loop, thread = asyn.loop[0], asyn.iothread[0]
+    asyncio.run_coroutine_threadsafe(loop.shutdown_default_executor(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+    asyn.reset_lock()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_fingerprint_cache(tmp_path_factory):
     """Tests never read or write the user's ~/.cache/tritonpack."""
