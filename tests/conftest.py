@@ -135,6 +135,16 @@ def _no_fsspec_thread_after_the_module():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _no_proxy_of_the_machine():
+    """Tests reach their servers on 127.0.0.1 directly, whatever proxy the machine names (URL reads take the
+    environment's proxies); a test of proxies sets its own."""
+    names = [n for n in os.environ if n.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")]
+    kept = {n: os.environ.pop(n) for n in names}
+    yield
+    os.environ.update(kept)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _private_fingerprint_cache(tmp_path_factory):
     """Tests never read or write the user's ~/.cache/tritonpack."""
     old = os.environ.get("XDG_CACHE_HOME")

@@ -696,3 +696,56 @@ def hugging_face_hub() -> Iterator[Hub]:
         with serving(Origin) as port:
             hub.endpoint = f"http://127.0.0.1:{port}"
             yield hub
+
+
+@dataclass
+class Proxy:
+    """``forward_proxy``: its URL, and the absolute URL of each request sent through it, in order."""
+
+    url: str
+    asked: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def forward_proxy() -> Iterator[Proxy]:
+    """An HTTP forward proxy, as a network whose only way out is a proxy has: each request (its line holds the
+    absolute URL) is sent on to its server with its headers (``Range`` and all), and the answer comes back as it
+    came, redirects not followed."""
+    import http.client
+
+    proxy = Proxy("")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            proxy.asked.append(self.path)
+            target = urllib.parse.urlsplit(self.path)
+            hop = ("connection", "proxy-connection", "keep-alive", "transfer-encoding", "content-length")
+            connection = http.client.HTTPConnection(target.hostname, target.port or 80, timeout=30)
+            try:
+                connection.request(self.command, target.path + (f"?{target.query}" if target.query else ""),
+                                   headers={k: v for k, v in self.headers.items() if k.lower() not in hop})
+                answer = connection.getresponse()
+                body = answer.read()
+            finally:
+                connection.close()
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in (*hop, "server", "date"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving(Handler) as port:
+        proxy.url = f"http://127.0.0.1:{port}"
+        yield proxy

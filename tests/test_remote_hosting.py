@@ -19,7 +19,7 @@ pytest.importorskip("aiohttp")
 
 from conftest import FOREIGN_STUB_BYTES as STUB_BYTES
 from conftest import pack_with_foreign_stub, snapshot
-from servers import FILE_SERVER_MODES, SIGNED_QUERY, file_server, free_port, nginx, running, signed_links
+from servers import FILE_SERVER_MODES, SIGNED_QUERY, file_server, forward_proxy, free_port, nginx, running, signed_links
 
 import tritonpack
 from tritonpack import remote
@@ -150,6 +150,28 @@ def test_reads_go_where_the_redirect_led_until_its_link_expires(archive, tmp_pat
         same_tree(tmp_path / "url", tmp_path / "file")
         cdn = [a for a in links.asked if a[0] == "cdn"]
         assert sum(a[2] == 206 for a in cdn) >= 4 and len(links.asked) - len(cdn) == 1 + sum(a[2] == 403 for a in cdn)
+
+
+def test_reads_go_through_the_proxy_the_environment_names(archive, log, tmp_path, capsys, monkeypatch):
+    """HTTP_PROXY (HTTPS_PROXY for https://) as curl, requests and botocore take it, NO_PROXY too: where the only
+    way out is a proxy, aiohttp's default (no proxy) failed every read."""
+    url = log.url + "/302/k.tpack"
+    with forward_proxy() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        assert listing(url, capsys) == listing(str(archive), capsys)
+        assert [a.split("?")[0] for a in proxy.asked] == [url] + [f"http://127.0.0.1:{log.cdn_port}/k.tpack"] * 3
+        assert main(["unpack", url, "--cache-dir", str(tmp_path / "url")]) == 0
+        assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "file")]) == 0
+        same_tree(tmp_path / "url", tmp_path / "file")
+        capsys.readouterr()
+        proxy.asked.clear()
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert listing(url, capsys) == listing(str(archive), capsys)
+        assert not proxy.asked
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")  # nothing answers there
+    assert main(["list", url]) == 7
+    assert one_line_error(capsys, url).startswith("cannot connect to the proxy 127.0.0.1:")
 
 
 def test_a_kept_link_that_fails_otherwise_names_where_it_led(archive, capsys):

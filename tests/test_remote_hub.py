@@ -14,7 +14,7 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 from conftest import pack_with_foreign_stub
-from servers import free_port, hugging_face_hub
+from servers import forward_proxy, free_port, hugging_face_hub
 from test_remote_hosting import one_line_error, same_tree
 
 import tritonpack
@@ -152,6 +152,16 @@ def test_a_private_repository_takes_the_token_to_the_hub_alone(archive, hub, mon
     assert main(["list", url]) == 0
     assert {a[4] for a in hub.by("hub")} == {f"Bearer {hub.token}"}
     assert {a[4] for a in hub.by("cdn")} == {None}
+
+
+def test_the_hub_and_its_cdn_are_reached_through_the_environments_proxy(archive, hub, monkeypatch, capsys):
+    url = "hf://team/model/kernels/k.tpack"
+    with forward_proxy() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        assert main(["list", url]) == 0
+    assert len(proxy.asked) == len(hub.asked) == 4 and proxy.asked[0].startswith(hub.endpoint)
+    assert all(sent.endswith(asked[2]) for sent, asked in zip(proxy.asked, hub.asked, strict=True))  # the Hub, its CDN
 
 
 def test_ensure_offline_trusts_its_stamp_of_the_url(hub, monkeypatch, tmp_path):

@@ -234,6 +234,8 @@ def _describe(error: BaseException) -> str:
     if cause is not None and getattr(cause, "strerror", None):
         host = getattr(error, "host", None)
         where = f" {host}:{getattr(error, 'port', None)}" if host else ""
+        if type(error).__name__ == "ClientProxyConnectionError":  # aiohttp's, of HTTPS_PROXY or HTTP_PROXY
+            where = f" the proxy{where} (HTTPS_PROXY, HTTP_PROXY; NO_PROXY names the hosts reached without it)"
         return f"cannot connect to{where}: {cause.strerror}"
     if _is_timeout(error):
         return "timed out"
@@ -291,13 +293,15 @@ def _http_session(served: _Served) -> dict:
     """The aiohttp session's settings: the trace that checks each reply; ``Accept-Encoding: identity`` and no
     decompression, since a compressed reply's bytes are not the range asked for (nginx's ``gzip on`` answers a
     ``Range`` with the whole file, compressed; a proxy may compress the range itself); redirects followed as their
-    ``Location`` is written (a CDN's signed query); and timeouts: aiohttp's default waits five minutes on a server
-    that took the connection and never answers."""
+    ``Location`` is written (a CDN's signed query); timeouts: aiohttp's default waits five minutes on a server
+    that took the connection and never answers; and the environment's proxies (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``NO_PROXY``, as curl, requests, botocore and huggingface_hub take them), which aiohttp ignores by default: where
+    the only way out is a proxy, every read failed to connect."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=SERVER_TIMEOUT[0], sock_read=SERVER_TIMEOUT[1])
     return {"trace_configs": [_http_trace(served)], "timeout": timeout, "headers": {"Accept-Encoding": "identity"},
-            "auto_decompress": False, "requote_redirect_url": False}
+            "auto_decompress": False, "requote_redirect_url": False, "trust_env": True}
 
 
 _S3 = ("s3", "s3a")
