@@ -749,3 +749,44 @@ def forward_proxy() -> Iterator[Proxy]:
     with serving(Handler) as port:
         proxy.url = f"http://127.0.0.1:{port}"
         yield proxy
+
+
+@contextlib.contextmanager
+def busy_server(path: Path, answers: list[tuple[int, dict[str, str]]]) -> Iterator[tuple[str, list[int]]]:
+    """A server busy at first, as one restarting or rate-limiting a fleet's pods is: it gives ``answers`` (a status
+    and headers, with no body), one a request, then serves the file at ``path`` by ranges. Yields its URL and the
+    status of each answer it gave, in order; a status of 0 in ``answers`` closes the connection unanswered."""
+    import re
+
+    given: list[int] = []
+    pending = list(answers)
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            with lock:
+                status, headers = pending.pop(0) if pending else (206, {})
+                given.append(status)
+            self.close_connection = True
+            if status == 0:
+                return
+            data = path.read_bytes()
+            body = b""
+            if status == 206:
+                first, last = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers["Range"]).groups()
+                start = len(data) - int(last) if not first else int(first)
+                end = len(data) if not first or not last else min(int(last) + 1, len(data))
+                headers, body = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}, data[start:end]
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body)), "Connection": "close"}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}/k.tpack", given

@@ -19,7 +19,17 @@ pytest.importorskip("aiohttp")
 
 from conftest import FOREIGN_STUB_BYTES as STUB_BYTES
 from conftest import pack_with_foreign_stub, snapshot
-from servers import FILE_SERVER_MODES, SIGNED_QUERY, file_server, forward_proxy, free_port, nginx, running, signed_links
+from servers import (
+    FILE_SERVER_MODES,
+    SIGNED_QUERY,
+    busy_server,
+    file_server,
+    forward_proxy,
+    free_port,
+    nginx,
+    running,
+    signed_links,
+)
 
 import tritonpack
 from tritonpack import remote
@@ -174,16 +184,44 @@ def test_reads_go_through_the_proxy_the_environment_names(archive, log, tmp_path
     assert one_line_error(capsys, url).startswith("cannot connect to the proxy 127.0.0.1:")
 
 
-def test_a_kept_link_that_fails_otherwise_names_where_it_led(archive, capsys):
-    """A CDN that fails (500) on a link it served before: the error names the CDN, not its signed query, and the
-    origin is not asked again (only a 4xx says the link is done)."""
+BUSY = [  # what the server answers first, the waits between the attempts, and the list's exit status
+    ([(503, {}), (502, {})], [0.5, 1.0], 0),
+    ([(429, {"Retry-After": "2"})], [2.0], 0),
+    ([(0, {})] * 2, [0.5], 0),  # a connection dropped unanswered, twice: aiohttp itself asks again once
+    ([(503, {})] * 3, [0.5, 1.0], 7),
+    ([(429, {"Retry-After": "3600"})], [], 7),  # not waited for
+    ([(404, {})], [], 2),
+]
+
+
+@pytest.mark.parametrize("answers, waits, code", BUSY)
+def test_a_busy_server_is_asked_again_three_times_at_most(archive, capsys, monkeypatch, answers, waits, code):
+    """A 429 or 5xx, or a dropped connection, is asked again after the Retry-After it names (20 s at most), else
+    0.5 s then 1 s: three attempts, as botocore's standard mode for S3."""
+    slept: list[float] = []
+    monkeypatch.setattr(remote.time, "sleep", slept.append)
+    with busy_server(archive, answers) as (url, given):
+        assert main(["list", url]) == code
+    assert slept == waits
+    assert given[:len(answers)] == [status for status, _ in answers][:len(given)]
+    if code == 0:
+        assert given[len(answers):] == [206] * 3
+    else:
+        message = one_line_error(capsys, url)
+        assert message.startswith({7: f"HTTP {answers[0][0]} ", 2: "no such archive"}[code]), message
+
+
+def test_a_kept_link_that_fails_otherwise_names_where_it_led(archive, capsys, monkeypatch):
+    """A CDN that fails (500) on a link it served before, three times asked: the error names the CDN, not its
+    signed query, and the origin is not asked again (only a 4xx says the link is done)."""
+    monkeypatch.setattr(remote.time, "sleep", lambda seconds: None)
     with signed_links(archive, uses=1, failure=500) as links:
         assert main(["list", links.url]) == 7
         cdn = links.url.split("/resolve/")[0].rsplit(":", 1)[0]
         error = one_line_error(capsys, links.url)
         assert error.startswith("HTTP 500 Internal Server Error (from http://127.0.0.1:") and error.endswith(
             "/k.tpack, where it redirects)") and "Signature" not in error and cdn in error
-        assert links.asked == [("origin", "/resolve/main/k.tpack"), ("cdn", 1, 206), ("cdn", 1, 500)]
+        assert links.asked == [("origin", "/resolve/main/k.tpack"), ("cdn", 1, 206)] + [("cdn", 1, 500)] * 3
 
 
 @pytest.mark.parametrize("path, code, message", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
@@ -25,6 +26,9 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
 SERVER_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer (HTTP, registries, Redis)
 S3_ATTEMPTS = 3  # botocore's standard retries: throttling, 5xx, timeouts; s3fs's own loop is not added on top
+HTTP_ATTEMPTS = 3  # the same over HTTP: a 429 or 5xx reply, or a connection the server dropped, is asked again
+RETRY_AFTER_LIMIT = 20  # seconds: a reply that asks to wait longer (Retry-After) fails at once
+_RETRIED = (429, 500, 502, 503, 504)
 
 
 def scheme_of(location: str | os.PathLike) -> str:
@@ -337,6 +341,33 @@ def _s3_settings() -> dict:
     return {"config_kwargs": config}
 
 
+def _again_in(error: Exception, attempt: int) -> float | None:
+    """Seconds to wait before a range asked over HTTP is asked again after ``error`` (``attempt`` from 0), or None:
+    a 429 or a 5xx a server gives while busy or restarting (a fleet's pods starting at once, a load balancer
+    between two backends) after the ``Retry-After`` it names, else 0.5 s then 1 s; a connection it dropped
+    likewise. Not a timeout (each is already a minute long) nor a refused connection."""
+    status = getattr(error, "status", None)
+    if status in _RETRIED:
+        after = str((getattr(error, "headers", None) or {}).get("Retry-After", "")).strip()
+        if after.isdigit():
+            return float(after) if int(after) <= RETRY_AFTER_LIMIT else None
+    elif type(error).__name__ != "ServerDisconnectedError":  # aiohttp's
+        return None
+    return 0.5 * 2 ** attempt
+
+
+def _asked_again(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, asked up to ``HTTP_ATTEMPTS`` times where ``_again_in`` says so."""
+    for attempt in range(HTTP_ATTEMPTS):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            wait = _again_in(e, attempt) if attempt < HTTP_ATTEMPTS - 1 else None
+            if wait is None:
+                raise
+            time.sleep(wait)
+
+
 class FsspecSource:
     """An archive behind a URL, read with ``fs.cat_file(path, start=, end=)``: one range request per read and no
     shared file position, so the reader's threads may read at once. (By keyword: s3fs's third positional
@@ -429,14 +460,14 @@ class FsspecSource:
         location = self._served.location
         if location:
             try:
-                return self._fs.cat_file(location, **where)
+                return _asked_again(self._fs.cat_file, location, **where)
             except TpackError:
                 raise
             except Exception as e:
                 if not _refused_link(e):
                     raise self._error(e, _public(location)) from None
                 self._served.forget(location)
-        return self._call(self._fs.cat_file, self._origin(), headers=self._headers, **where)
+        return self._call(_asked_again, self._fs.cat_file, self._origin(), headers=self._headers, **where)
 
     def size(self) -> int:
         if self._size is None:
