@@ -115,6 +115,7 @@ def _no_fsspec_thread_after_the_module():
     modules, and Python 3.12+ warned at each fork the tests force. Stopped after each module, with the
     filesystems made on that loop (fsspec makes a new loop when next asked)."""
     yield
+    import gc
     import sys
 
     asyn = sys.modules.get("fsspec.asyn")
@@ -126,6 +127,7 @@ def _no_fsspec_thread_after_the_module():
 
     for cls in list(_registry.values()):
         cls.clear_instance_cache()
+    gc.collect()  # the filesystems' finalizers close their sessions on the loop while it still runs
     loop, thread = asyn.loop[0], asyn.iothread[0]
     asyncio.run_coroutine_threadsafe(loop.shutdown_default_executor(), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
