@@ -137,6 +137,24 @@ def test_a_branch_moved_while_an_archive_is_read_changes_nothing_of_that_read(ar
         assert (result.status, result.digest) == ("unpacked", reader.digest)
 
 
+def test_a_resolve_url_is_read_as_any_url_and_a_push_meanwhile_fails_it(archive, other_archive, hub, tmp_path,
+                                                                          monkeypatch, capsys):
+    """The https:// form of the same file is not pinned: once its link expires, the Hub's redirect leads to the
+    new archive, which the reader refuses rather than read half from each."""
+    url = f"{hub.endpoint}/team/model/resolve/main/kernels/k.tpack"
+    hub.link_uses = 2
+    size = remote.FsspecSource.size
+
+    def size_then_push(self):
+        result = size(self)
+        hub.commit("team/model", {"kernels/k.tpack": other_archive.read_bytes()})
+        return result
+
+    monkeypatch.setattr(remote.FsspecSource, "size", size_then_push)
+    assert main(["unpack", url, "--cache-dir", str(tmp_path / "root")]) == 7
+    assert "the archive changed on the server while it was read" in one_line_error(capsys, url)
+
+
 def test_a_private_repository_takes_the_token_to_the_hub_alone(archive, hub, monkeypatch, capsys):
     url = "hf://team/private/k.tpack"
     hub.commit("team/private", {"k.tpack": archive.read_bytes()})
