@@ -400,6 +400,7 @@ FILE_SERVER_MODES = {
     "chunked-ranges": "206 for each range asked, chunked, no Content-Length (a proxy that streams)",
     "gzip-ranges": "206 for each range asked, gzipped (Content-Encoding: gzip) whatever Accept-Encoding says",
     "wrong-range": "206 with the file's first bytes, whatever range was asked",
+    "unsaid-total": "206 for each range asked, its total unsaid (Content-Range: bytes 0-63/*); HEAD says the size",
 }
 
 
@@ -423,11 +424,16 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
             end = len(data) if not first or not last else min(int(last) + 1, len(data))
             if mode == "wrong-range":
                 start, end = 0, end - start
-            headers = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
+            headers = {"Content-Range": f"bytes {start}-{end - 1}/{'*' if mode == 'unsaid-total' else len(data)}"}
             body = data[start:end]
             if mode == "gzip-ranges":
                 body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
             self.answer(206, body, chunked=mode == "chunked-ranges", headers=headers)
+
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(path.stat().st_size))
+            self.end_headers()
 
         def answer(self, status: int, body: bytes, chunked: bool, headers: dict[str, str] | None = None) -> None:
             self.send_response(status)

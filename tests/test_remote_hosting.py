@@ -286,14 +286,14 @@ def test_replies_that_are_not_the_bytes_asked_for_are_refused_before_they_are_re
 
 
 def test_ranges_streamed_or_behind_gzip_on_are_read_as_they_are(archive, server, tmp_path, capsys):
-    """A proxy that streams each range (chunked, no Content-Length), and nginx with ``gzip on`` for every type
-    (which compresses the whole file for a client that accepts gzip, and ignores its Range then): tritonpack
-    asks for identity, and gets the ranges."""
+    """A proxy that streams each range (chunked, no Content-Length), nginx with ``gzip on`` for every type (which
+    compresses the whole file for a client that accepts gzip, and ignores its Range then): tritonpack asks for
+    identity, and gets the ranges; and a server whose ranges leave the total unsaid, whose HEAD says it."""
     local = listing(str(archive), capsys)
     assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "file")]) == 0
     capsys.readouterr()
-    with file_server(archive, "chunked-ranges") as base:
-        for n, url in enumerate((f"{base}/k.tpack", f"{server.url}/gzip/k.tpack")):
+    with file_server(archive, "chunked-ranges") as base, file_server(archive, "unsaid-total") as unsaid:
+        for n, url in enumerate((f"{base}/k.tpack", f"{server.url}/gzip/k.tpack", f"{unsaid}/k.tpack")):
             assert listing(url, capsys) == local
             root = tmp_path / f"url{n}"
             assert main(["unpack", url, "--cache-dir", str(root)]) == 0

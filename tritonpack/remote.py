@@ -474,8 +474,8 @@ class FsspecSource:
             if self._http:
                 tail = self._cat(start=-TRAILER_SIZE)
                 size = self._served.size
-                if size is None:  # no Content-Range (e.g. an empty file): ask for the size
-                    size = self._call(self._fs.size, self._origin(), headers=self._headers)
+                if size is None:  # no total in its Content-Range (``bytes 0-63/*``): ask for the size
+                    size = self._call(self._fs.info, self._origin(), headers=self._headers).get("size")
                 self._tail = (size - len(tail), tail)
                 self._size = size
             else:
