@@ -91,8 +91,9 @@ def access(url: str) -> HubAccess:
                          "pip install huggingface_hub", url) from None
     try:
         from huggingface_hub import constants, get_token
-    except ImportError:
-        raise UsageError(f"hf:// needs huggingface_hub 0.20 or later, not {huggingface_hub.__version__}: "
+    except ImportError as e:  # before 0.20, or a dependency of it missing
+        raise UsageError(f"hf:// needs huggingface_hub 0.20 or later and its dependencies, and "
+                         f"{huggingface_hub.__version__} cannot give its token ({' '.join(str(e).split())}): "
                          "pip install -U huggingface_hub", url) from None
     if constants.HF_HUB_OFFLINE:  # unreachable by choice: ensure trusts its stamp of the URL, as when offline
         raise RemoteError("HF_HUB_OFFLINE is set, so the Hub is not asked: unset it, or unpack a downloaded copy "
