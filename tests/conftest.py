@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import gc
 import hashlib
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -115,14 +118,9 @@ def _no_fsspec_thread_after_the_module():
     modules, and Python 3.12+ warned at each fork the tests force. Stopped after each module, with the
     filesystems made on that loop (fsspec makes a new loop when next asked)."""
     yield
-    import gc
-    import sys
-
     asyn = sys.modules.get("fsspec.asyn")
     if asyn is None or asyn.loop[0] is None:
         return
-    import asyncio
-
     from fsspec.registry import _registry
 
     for cls in list(_registry.values()):
