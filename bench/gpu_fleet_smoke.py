@@ -36,6 +36,13 @@ def run(prefix: list[str], args: list[str], env: dict[str, str]) -> subprocess.C
     return subprocess.run([*prefix, *args], env=env, capture_output=True, text=True)
 
 
+def ensure_as(uid: int, home: str, archive: str, env: dict[str, str], *args: str) -> dict:
+    """``tritonpack ensure ARCHIVE ARGS --json`` as ``uid``: its exit status, its result and what it said."""
+    ensured = run(as_user(uid, home), [sys.executable, "-m", "tritonpack", "ensure", archive, *args, "--json"], env)
+    return {"exit": ensured.returncode, "result": json.loads(ensured.stdout) if ensured.stdout else None,
+            "stderr": ensured.stderr.strip().splitlines()}
+
+
 def first_call(uid: int | None, root: str, home: str) -> dict:
     """Workload a's first call in a process of its own (its script copied where every user may read it)."""
     env = {**os.environ, "TRITON_CACHE_DIR": root, "PYTHONUNBUFFERED": "1", "HOME": home}
@@ -53,23 +60,47 @@ def first_call(uid: int | None, root: str, home: str) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "gpu_fleet_smoke.json"))
-    args = parser.parse_args()
-    import torch
-    import triton
-
-    work = tempfile.mkdtemp(prefix="tp-fleet-")
+def workspace(prefix: str) -> tuple[str, str]:
+    """A work directory every user may enter, files made with umask 022 (as an image's build makes them), and the
+    service user's home in it; the GPU, Triton and torch of the run, the first rows of its report."""
+    work = tempfile.mkdtemp(prefix=prefix)
     os.chmod(work, 0o755)
     os.umask(0o022)
     home = os.path.join(work, "home")
     os.makedirs(home)
     os.chown(home, SERVICE_UID, SERVICE_UID)
+    return work, home
+
+
+def machine() -> dict:
+    import torch
+    import triton
+
+    return {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__}
+
+
+def report(doc: dict, out: str) -> None:
+    """Each row of ``doc`` on a line (a first call's figures, else its JSON), and ``doc`` written to ``out``."""
+    for key, row in doc.items():
+        if isinstance(row, dict) and "first_call_ms" in row:
+            print(f"{key:<28} first {row['first_call_ms']:9.1f} ms  created {row['files_created']}  "
+                  f"modified {row['files_modified']}  correct {row['correct']}", flush=True)
+        else:
+            print(f"{key:<28} {json.dumps(row)[:400]}", flush=True)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "gpu_fleet_smoke.json"))
+    args = parser.parse_args()
+    work, home = workspace("tp-fleet-")
     build, image = os.path.join(work, "build", "cache"), os.path.join(work, "image", "cache")
     archive = os.path.join(work, "kernels.tpack")
     tool = f"{sys.executable} -m tritonpack"
-    doc: dict = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__}
+    doc = machine()
     try:
         doc["cold_as_root"] = first_call(None, build, home)
         piped = subprocess.run(["bash", "-o", "pipefail", "-c",
@@ -78,24 +109,12 @@ def main() -> None:
         doc["pack_to_unpack_pipe"] = {"exit": piped.returncode, "stderr": piped.stderr.strip().splitlines()}
         subprocess.run([sys.executable, "-m", "tritonpack", "pack", build, "-o", archive, "-q"], check=True)
         env = {**os.environ, "TRITON_CACHE_DIR": image}
-        ensured = run(as_user(SERVICE_UID, home), [sys.executable, "-m", "tritonpack", "ensure", archive, "--json"],
-                      env)
-        doc["ensure_as_service_user"] = {"exit": ensured.returncode,
-                                         "result": json.loads(ensured.stdout) if ensured.stdout else None,
-                                         "stderr": ensured.stderr.strip().splitlines()}
+        doc["ensure_as_service_user"] = ensure_as(SERVICE_UID, home, archive, env)
         doc["first_call_as_service_user"] = first_call(SERVICE_UID, image, home)
         doc["first_call_as_root"] = first_call(None, image, home)
         doc["warm_as_root"] = first_call(None, build, home)
-        for key, row in doc.items():
-            if isinstance(row, dict) and "first_call_ms" in row:
-                print(f"{key:<28} first {row['first_call_ms']:9.1f} ms  created {row['files_created']}  "
-                      f"modified {row['files_modified']}  correct {row['correct']}", flush=True)
-            elif isinstance(row, dict):
-                print(f"{key:<28} {json.dumps(row)[:300]}", flush=True)
     finally:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+        report(doc, args.out)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -14,17 +14,15 @@ Usage (GPU machine, as root): [TP_HUB_SITE=DIR] python bench/gpu_hub_smoke.py --
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-from gpu_fleet_smoke import SERVICE_UID, as_user, first_call  # noqa: E402
+from gpu_fleet_smoke import SERVICE_UID, ensure_as, first_call, machine, report, workspace  # noqa: E402
 from servers import hugging_face_hub  # noqa: E402
 
 URL = "hf://team/model/kernels/h200.tpack"
@@ -34,18 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(HERE, "results", "gpu_hub_smoke.json"))
     args = parser.parse_args()
-    import torch
-    import triton
-
-    work = tempfile.mkdtemp(prefix="tp-hub-")
-    os.chmod(work, 0o755)
-    os.umask(0o022)
-    home, volume = os.path.join(work, "home"), os.path.join(work, "volume")
-    for path in (home, volume):
-        os.makedirs(path)
-        os.chown(path, SERVICE_UID, SERVICE_UID)
+    work, home = workspace("tp-hub-")
+    volume = os.path.join(work, "volume")  # the pod's, its user's own
+    os.makedirs(volume)
+    os.chown(volume, SERVICE_UID, SERVICE_UID)
     build, archive = os.path.join(work, "build", "cache"), os.path.join(work, "h200.tpack")
-    doc: dict = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__}
+    doc = machine()
     try:
         doc["cold_as_root"] = first_call(None, build, home)
         subprocess.run([sys.executable, "-m", "tritonpack", "pack", build, "-o", archive, "-q"], check=True)
@@ -60,26 +52,14 @@ def main() -> None:
                                                                   os.environ["TP_HUB_SITE"])))
             for n in (1, 2):
                 hub.asked.clear()
-                ensured = subprocess.run([*as_user(SERVICE_UID, home), sys.executable, "-m", "tritonpack", "ensure",
-                                          URL, "--cache-dir", volume, "--json"], env=env, capture_output=True,
-                                         text=True)
                 doc[f"ensure_{n}_as_service_user"] = {
-                    "exit": ensured.returncode, "result": json.loads(ensured.stdout) if ensured.stdout else None,
-                    "stderr": ensured.stderr.strip().splitlines(),
+                    **ensure_as(SERVICE_UID, home, URL, env, "--cache-dir", volume),
                     "hub_requests": len(hub.by("hub")), "cdn_requests": len(hub.by("cdn")),
                     "token_to_cdn": any(a[4] for a in hub.by("cdn"))}
         doc["first_call_as_service_user"] = first_call(SERVICE_UID, volume, home)
         doc["warm_as_root"] = first_call(None, build, home)
-        for key, row in doc.items():
-            if isinstance(row, dict) and "first_call_ms" in row:
-                print(f"{key:<28} first {row['first_call_ms']:9.1f} ms  created {row['files_created']}  "
-                      f"modified {row['files_modified']}  correct {row['correct']}", flush=True)
-            else:
-                print(f"{key:<28} {json.dumps(row)[:400]}", flush=True)
     finally:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+        report(doc, args.out)
         shutil.rmtree(work, ignore_errors=True)
 
 
