@@ -182,6 +182,21 @@ def test_the_hub_and_its_cdn_are_reached_through_the_environments_proxy(archive,
     assert all(sent.endswith(asked[2]) for sent, asked in zip(proxy.asked, hub.asked, strict=True))  # the Hub, its CDN
 
 
+def test_ensure_of_a_commit_asks_the_hub_nothing_once_done(archive, hub, tmp_path):
+    """hf:// at a commit names bytes that cannot change: once ensured, the stamp answers, with no request (a pod's
+    start no longer needs the Hub); at a branch, each ensure reads the digest again."""
+    commit = hub.refs["team/model", "main"]
+    pinned, branch, root = f"hf://team/model@{commit}/kernels/k.tpack", "hf://team/model/kernels/k.tpack", tmp_path
+    assert tritonpack.ensure(pinned, root).status == "unpacked"
+    hub.asked.clear()
+    result = tritonpack.ensure(pinned, root)
+    assert (result.status, result.unreachable, hub.asked) == ("present", "", [])
+    assert tritonpack.ensure(branch, root).status == "present" and len(hub.by("hub")) == 1
+    shutil.rmtree(next(p for p in root.iterdir() if p.is_dir() and p.name != ".tritonpack"))  # a key directory
+    hub.asked.clear()
+    assert tritonpack.ensure(pinned, root).status == "unpacked" and hub.asked  # an entry gone: read, written again
+
+
 def test_ensure_offline_trusts_its_stamp_of_the_url(hub, monkeypatch, tmp_path):
     """A pod that runs with HF_HUB_OFFLINE set, its kernels ensured when its image was built: present, as for a
     Hub that cannot be reached, and the result says why the archive was not read."""

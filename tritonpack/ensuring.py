@@ -132,6 +132,21 @@ def archive_digest(path: str) -> str:
         source.close()
 
 
+def _names_one_archive(location: str) -> bool:
+    """Whether the URL's bytes cannot change: an hf:// URL at a commit. Its last ensure's stamp answers for it
+    without a request, so that a pod's start does not depend on the Hub once its kernels are there."""
+    from .remote import scheme_of
+
+    if scheme_of(location) != "hf":
+        return False
+    from .hub import COMMIT, parse
+
+    try:
+        return COMMIT.fullmatch(parse(location).revision) is not None
+    except UsageError:
+        return False
+
+
 def _is_remote(location: str) -> bool:
     """Read through a server (``https://``, ``s3://``, ``hf://``...), as opposed to a path or ``file://`` URL."""
     from .remote import scheme_of
@@ -426,18 +441,20 @@ def ensure(
     # A stream (``-``) gives its bytes once: its copy serves every opening below. A URL must hold one archive
     # throughout: the stamp of the digest read first must not name the entries of an archive uploaded meanwhile.
     with kept_streams(), same_archives():
-        try:
-            digest = archive_digest(path)
-        except (RemoteError, NotFoundError) as e:
-            result = _last_ensured(stamp_dir, root, path, env_key, start) if _is_remote(path) else None
-            if result is None:
-                raise
-            result.unreachable = e.message
-        else:
-            result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
-            if _is_remote(path):
-                unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
-                result.unstamped = result.unstamped or unrecorded
+        result = _last_ensured(stamp_dir, root, path, env_key, start) if _names_one_archive(path) else None
+        if result is None:
+            try:
+                digest = archive_digest(path)
+            except (RemoteError, NotFoundError) as e:
+                result = _last_ensured(stamp_dir, root, path, env_key, start) if _is_remote(path) else None
+                if result is None:
+                    raise
+                result.unreachable = e.message
+            else:
+                result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
+                if _is_remote(path):
+                    unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
+                    result.unstamped = result.unstamped or unrecorded
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
         raise IncompatibleError(none_used(result.entries, result.not_used), path, result=result)
