@@ -428,7 +428,8 @@ def ensure(
     Idempotent and near-free when already done; safe when many processes call it at once. When no entry would
     be used here, nothing is written and the result says so (``status == "unusable"``); ``strict`` raises
     ``IncompatibleError`` instead. ``targets`` and ``processes`` as for ``unpack``. A stream (``-``, standard
-    input) is read whole at every call: its digest is in the trailer at its end.
+    input) is read whole at every call: its digest is in the trailer at its end. An hf:// URL at a commit is not
+    read at all once ensured.
     """
     from .remote import same_archives
     from .streams import kept_streams
