@@ -314,10 +314,12 @@ def ensure(
 
     The first run unpacks (usable entries only, as unpack) and leaves a stamp in ROOT/.tritonpack keyed by
     the archive and the environment; later runs find it, even when a URL's server is briefly unreachable (its
-    last run's stamp is trusted, and the output says so). Concurrent runs wait for the one that unpacks. When no
-    entry would be used here nothing is written and the exit status is still 0 (5 with --strict).
+    last run's stamp is trusted, and the output says so); an hf:// URL at a commit is not read at all once done.
+    Concurrent runs wait for the one that unpacks. When no entry would be used here nothing is written and the
+    exit status is still 0 (5 with --strict).
 
     Example: tritonpack ensure /models/llama/kernels.tpack && exec python serve.py
+    Example: tritonpack ensure hf://my-org/llama@0123456789abcdef0123456789abcdef01234567/kernels/h100.tpack
     """
     from .ensuring import ensure as ensure_archive
     from .heap import fix_malloc_thresholds
