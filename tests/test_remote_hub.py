@@ -214,9 +214,9 @@ def test_ensure_offline_trusts_its_stamp_of_the_url(hub, monkeypatch, tmp_path):
 @pytest.mark.parametrize("url, asked", [
     ("hf://team/model@v1/k.tpack", "/team/model/resolve/v1/k.tpack"),
     ("hf://models/team/model@v1/k.tpack", "/team/model/resolve/v1/k.tpack"),
-    ("hf://team/model@refs/pr/1/k.tpack", "/team/model/resolve/refs/pr/1/k.tpack"),
+    ("hf://team/model@refs/pr/1/k.tpack", "/team/model/resolve/refs%2Fpr%2F1/k.tpack"),
     ("hf://team/model@feature%2Fkernels/k.tpack", "/team/model/resolve/feature%2Fkernels/k.tpack"),
-    ("hf://datasets/team/data/sub%20dir/k.tpack", "/datasets/team/data/resolve/main/sub%20dir/k.tpack"),
+    ("hf://datasets/team/data/sub dir/k.tpack", "/datasets/team/data/resolve/main/sub%20dir/k.tpack"),
     ("hf://spaces/team/demo/k.tpack", "/spaces/team/demo/resolve/main/k.tpack"),
     ("hf://kernels/team/ops/k.tpack", "/kernels/team/ops/resolve/main/k.tpack"),
     ("hf://buckets/team/store/k.tpack", "/buckets/team/store/resolve/k.tpack"),

@@ -18,8 +18,8 @@ from .errors import RemoteError, UsageError
 
 FORM = "hf://[TYPE/]NAMESPACE/NAME[@REVISION]/PATH"
 _PREFIXES = {"models": "", "datasets": "datasets/", "spaces": "spaces/", "kernels": "kernels/"}
-# revisions that hold slashes as written, as the Hub's own routes take them (others say a slash as %2F)
-_SPECIAL_REF = re.compile(r"refs/(?:pr/\d+|convert/[^/]+)")
+# revisions written with their slashes in an hf:// URL (others say a slash as %2F)
+_SPECIAL_REF = re.compile(r"refs/(?:pr/\d+|convert/[\w.-]+)")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
@@ -30,21 +30,21 @@ class HubFile:
     kind: str  # a key of _PREFIXES, or "buckets"
     repo: str  # NAMESPACE/NAME
     revision: str  # a branch, tag or commit; "" for a bucket, which has none
-    path: str  # within the repository, unquoted
+    path: str  # within the repository, as written
 
     def url(self, endpoint: str, commit: str = "") -> str:
-        """The file's ``resolve`` URL under ``endpoint``, at ``commit`` where one is given."""
+        """The file's ``resolve`` URL under ``endpoint``, at ``commit`` where one is given: as ``huggingface_hub``'s
+        ``hf_hub_url`` writes it (the revision one segment, ``refs%2Fpr%2F1``)."""
         if self.kind == "buckets":
             return f"{endpoint}/buckets/{self.repo}/resolve/{quote(self.path)}"
-        revision = commit or self.revision
-        if not _SPECIAL_REF.fullmatch(revision):
-            revision = quote(revision, safe="")
+        revision = quote(commit or self.revision, safe="")
         return f"{endpoint}/{_PREFIXES[self.kind]}{self.repo}/resolve/{revision}/{quote(self.path)}"
 
 
 def parse(url: str) -> HubFile:
-    """The file an ``hf://`` URL names (the grammar of ``huggingface_hub``'s URIs; a repository's revision
-    defaults to ``main``). Raises ``UsageError`` for a URL that names no file."""
+    """The file an ``hf://`` URL names, as ``huggingface_hub`` reads its URIs: the revision percent-decoded (a
+    branch's slash as ``%2F``; ``main`` by default), the path as written. Raises ``UsageError`` for a URL that
+    names no file."""
     body = url.split("://", 1)[1]
     first, _, rest = body.partition("/")
     kind = first if first in _PREFIXES or first == "buckets" else "models"
@@ -62,7 +62,7 @@ def parse(url: str) -> HubFile:
             raise UsageError(f"an empty revision after '@': {FORM}", url)
     if not namespace or not name or not path or "" in path.split("/"):
         raise UsageError(f"not a file on the Hugging Face Hub: {FORM}", url)
-    return HubFile(kind, f"{namespace}/{name}", revision or ("" if kind == "buckets" else "main"), unquote(path))
+    return HubFile(kind, f"{namespace}/{name}", revision or ("" if kind == "buckets" else "main"), path)
 
 
 @dataclass(frozen=True)
