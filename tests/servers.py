@@ -562,6 +562,7 @@ class Hub:
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit -> {path: bytes}
     refs: dict[tuple[str, str], str] = field(default_factory=dict)  # (repo, branch or tag) -> commit
     private: set[str] = field(default_factory=set)  # repos that answer only to the token
+    messages: dict[str, tuple[str, str]] = field(default_factory=dict)  # commit -> (summary, description) pushed
     link_uses: int = 0  # ranges the CDN serves through one signed link before it answers 403 (0: no end)
 
     def commit(self, repo: str, files: dict[str, bytes], ref: str = "main") -> str:
@@ -676,12 +677,50 @@ def hugging_face_hub() -> Iterator[Hub]:
                            "ETag": f'"{digest}"', "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data))}
                 answer(self, 302, headers if bucket else {**headers, "X-Repo-Commit": commit})
 
+            def do_POST(self) -> None:
+                """The two routes ``huggingface_hub``'s ``upload_file`` takes for a file the Hub keeps in git
+                (``uploadMode: regular``): which files to send and how, then the commit, as NDJSON lines."""
+                import base64
+
+                auth = self.headers.get("Authorization")
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hub.asked.append(("hub", self.command, self.path, None, auth))
+                route = re.fullmatch(r"/api/(models|datasets|spaces|kernels)/([^/]+/[^/]+)/(preupload|commit)/([^/?]+)",
+                                     urllib.parse.urlsplit(self.path).path)
+                if not route:
+                    return self.refuse(404, "RepoNotFound", "Repository not found")
+                kind, repo, action, revision = route.groups()
+                name, revision = repo if kind == "models" else f"{kind}/{repo}", urllib.parse.unquote(revision)
+                if auth != f"Bearer {hub.token}":
+                    return self.refuse(401, "RepoNotFound", "Invalid credentials in Authorization header")
+                if not any(n == name for n, _ in hub.refs):
+                    return self.refuse(404, "RepoNotFound", "Repository not found")
+                files = hub.commits.get(hub.refs.get((name, revision), ""), {})
+                if action == "preupload":
+                    asked = json.loads(body)["files"]
+                    out = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                            "oid": hashlib.sha1(b"blob %d\0" % len(files[f["path"]]) + files[f["path"]]).hexdigest()
+                            if f["path"] in files else None} for f in asked]
+                    return answer(self, 200, {"Content-Type": "application/json"}, json.dumps({"files": out}).encode())
+                lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+                header = next(line["value"] for line in lines if line["key"] == "header")
+                added = {line["value"]["path"]: base64.b64decode(line["value"]["content"])
+                         for line in lines if line["key"] == "file"}
+                with lock:
+                    commit = hub.commit(name, added, ref=revision)
+                hub.messages[commit] = (header["summary"], header.get("description", ""))
+                answer(self, 200, {"Content-Type": "application/json"}, json.dumps(
+                    {"commitUrl": f"{hub.endpoint}/{repo}/commit/{commit}", "commitOid": commit,
+                     "pullRequestUrl": None}).encode())
+
             def api(self, kind: str, repo: str, route: str | None, revision: str | None, folder: str | None) -> None:
                 """The two routes of the Hub's API that fsspec's ``HfFileSystem`` reads a file by (the
                 benchmark's baseline, ``bench/hub_reads.py``): a repository's commit at a revision, and a
                 folder's files."""
                 name = repo if kind == "models" else f"{kind}/{repo}"
                 revision = urllib.parse.unquote(revision or "main")
+                if not any(n == name for n, _ in hub.refs):
+                    return self.refuse(404, "RepoNotFound", "Repository not found")
                 commit = hub.refs.get((name, revision), revision if revision in hub.commits else None)
                 if commit is None:
                     return self.refuse(404, "RevisionNotFound", f"Invalid rev id: {revision}")
@@ -691,7 +730,8 @@ def hugging_face_hub() -> Iterator[Hub]:
                     body = [{"type": "file", "path": path, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
                             for path, data in files.items() if path.rpartition("/")[0] == folder]
                 else:
-                    body = {"id": repo, "sha": commit, "siblings": [{"rfilename": path} for path in files]}
+                    body = {"id": repo, "sha": commit, "private": name in hub.private, "downloads": 0, "likes": 0,
+                            "tags": [], "siblings": [{"rfilename": path} for path in files]}
                 answer(self, 200, {"Content-Type": "application/json"}, json.dumps(body).encode())
 
             do_HEAD = do_GET

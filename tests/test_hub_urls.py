@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 from hypothesis import given, settings
@@ -49,9 +49,9 @@ def test_the_resolve_url_is_huggingface_hubs(kind, namespace, name, revision, pa
 
         if "kernel" not in getattr(constants, "REPO_TYPES_WITH_KERNEL", constants.REPO_TYPES):
             return  # a huggingface_hub older than kernel repositories
-    endpoint = "https://hub.example"
-    assert file.url(endpoint) == hf_hub_url(f"{namespace}/{name}", path, repo_type=repo_type,
-                                            revision=revision or None, endpoint=endpoint)
+    ours, theirs = file.url("https://hub.example"), hf_hub_url(f"{namespace}/{name}", path, repo_type=repo_type,
+                                                               revision=revision or None)
+    assert urlsplit(ours).path == urlsplit(theirs).path  # the endpoint aside: 0.2x binds its own at import
 
 
 @pytest.mark.skipif(importlib.util.find_spec("huggingface_hub") is None, reason="huggingface_hub is not installed")

@@ -187,11 +187,11 @@ def test_every_timeout_of_the_http_stack_is_said_timed_out():
     import aiohttp
     from fsspec.exceptions import FSTimeoutError
 
-    from tritonpack.remote import _describe
+    from tritonpack.remote import describe_failure
 
     for error in (FSTimeoutError(), aiohttp.ServerTimeoutError("Timeout on reading data from socket"),
                   asyncio.TimeoutError(), concurrent.futures.TimeoutError(), TimeoutError()):
-        assert _describe(error) == "timed out", repr(error)
+        assert describe_failure(error) == "timed out", repr(error)
 
 
 def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):

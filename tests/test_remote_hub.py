@@ -211,6 +211,60 @@ def test_ensure_offline_trusts_its_stamp_of_the_url(hub, monkeypatch, tmp_path):
         tritonpack.ensure(url, tmp_path / "never-ensured")
 
 
+def test_push_commits_the_archive_described_and_names_it_at_that_commit(archive, hub, monkeypatch, tmp_path, capsys):
+    """push to a branch: one commit whose message and description say what the archive holds, the commit and
+    the hf:// URL at it in the result; ensure reads what was pushed. The same archive again makes no commit
+    (huggingface_hub 0.24 and later see it unchanged), and the result says whether one was made."""
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    url = "hf://team/model/kernels/h100.tpack"
+    assert main(["push", str(archive), url]) == 0
+    out, err = capsys.readouterr()
+    commit = hub.refs["team/model", "main"]
+    pinned = f"hf://team/model@{commit}/kernels/h100.tpack"
+    assert out.startswith(f"pushed {archive} (") and out.rstrip().endswith(commit)
+    assert err.splitlines() == [f"this push alone, whatever is pushed after it: {pinned}"]
+    assert hub.commits[commit]["kernels/h100.tpack"] == archive.read_bytes()
+    with tritonpack.open(archive) as reader:
+        notes = tritonpack.oci.artifact_annotations(reader.info, reader.entries, reader.digest)
+    assert hub.messages[commit] == (
+        f"tritonpack: {notes['io.tritonpack.kernels']} kernels for {notes['io.tritonpack.targets']} "
+        f"(Triton {notes['io.tritonpack.triton.version']})", "\n".join(f"{k}: {v}" for k, v in notes.items()))
+    assert {a[4] for a in hub.by("hub") if a[1] == "POST"} == {f"Bearer {hub.token}"}
+    result = tritonpack.ensure(pinned, tmp_path / "root")
+    with tritonpack.open(archive) as reader:
+        assert (result.status, result.digest) == ("unpacked", reader.digest)
+
+    assert main(["push", str(archive), url, "--json"]) == 0
+    again, head = json.loads(capsys.readouterr().out), hub.refs["team/model", "main"]
+    assert again["digest"] == head and again["unchanged"] == (head == commit)
+    assert again["pinned"] == f"hf://team/model@{head}/kernels/h100.tpack"
+
+
+@pytest.mark.parametrize("url, code, message", [
+    ("hf://team/model@0123456789abcdef0123456789abcdef01234567/k.tpack", 2,
+     "push adds a commit to a branch: name a branch, not a commit (main by default)"),
+    ("hf://buckets/team/store/k.tpack", 2,
+     "push writes to a repository's branch; a bucket has none (hf buckets cp uploads to one)"),
+    ("hf://team/missing/k.tpack", 7, "HTTP 404 Not Found: Repository not found"),
+    ("hf://team/model@nobranch/k.tpack", 7, "HTTP 404 Not Found: Invalid rev id: nobranch"),
+])
+def test_push_refusals_are_one_line(archive, hub, monkeypatch, capsys, url, code, message):
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    assert main(["push", str(archive), url]) == code
+    assert one_line_error(capsys, url).startswith(message)
+
+
+def test_push_without_a_token_or_of_a_bad_archive_is_one_line(archive, hub, tmp_path, capsys):
+    url = "hf://team/model/k.tpack"
+    assert main(["push", str(archive), url]) == 7
+    assert one_line_error(capsys, url) == "HTTP 401 Unauthorized: Invalid credentials in Authorization header"
+    bad = tmp_path / "bad.tpack"
+    bad.write_bytes(archive.read_bytes()[:-100])
+    hub.asked.clear()
+    assert main(["push", str(bad), url]) == 3
+    assert capsys.readouterr().err.startswith(f"error: {bad}: ") and not hub.asked  # refused before any request
+
+
 @pytest.mark.parametrize("url, asked", [
     ("hf://team/model@v1/k.tpack", "/team/model/resolve/v1/k.tpack"),
     ("hf://models/team/model@v1/k.tpack", "/team/model/resolve/v1/k.tpack"),

@@ -261,16 +261,21 @@ PLAIN_HTTP_HELP = "Talk plain HTTP to the registry (the default for loopback reg
 @_json_on_failure
 def push(
     archive: str = typer.Argument(..., help="The local .tpack archive."),
-    reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG]"),
+    reference: str = typer.Argument(..., help="oci://REGISTRY[:PORT]/REPOSITORY[:TAG], or "
+                                              "hf://[TYPE/]NAMESPACE/NAME[@BRANCH]/PATH on the Hugging Face Hub"),
     plain_http: bool = typer.Option(False, "--plain-http", help=PLAIN_HTTP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing but errors."),
 ) -> None:
-    """Push an archive to an OCI registry as an ORAS artifact, with annotations that describe it.
+    """Push an archive to an OCI registry as an ORAS artifact, or to a Hugging Face Hub repository, described.
 
-    The manifest's annotations (targets, Triton version, kernels, index digest) can be read without pulling it.
+    The manifest's annotations (targets, Triton version, kernels, index digest) can be read without pulling it;
+    on the Hub the same go in the commit's message and description (with huggingface_hub's token). The result
+    names what this push alone is: REPOSITORY@DIGEST, or the hf:// URL at the new commit, for ensure.
 
     Example: tritonpack push kernels.tpack oci://registry.example:5000/triton/kernels:h100-triton3.6
+
+    Example: tritonpack push h100.tpack hf://my-org/llama-8b/kernels/h100.tpack
     """
     from . import oci
 
@@ -319,6 +324,7 @@ def ensure(
     exit status is still 0 (5 with --strict).
 
     Example: tritonpack ensure /models/llama/kernels.tpack && exec python serve.py
+
     Example: tritonpack ensure hf://my-org/llama@0123456789abcdef0123456789abcdef01234567/kernels/h100.tpack
     """
     from .ensuring import ensure as ensure_archive

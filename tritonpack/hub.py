@@ -10,11 +10,18 @@ must to stay under the Hub's rate limits. The first reply names the commit the r
 """
 from __future__ import annotations
 
+import logging
+import os
 import re
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 from .errors import RemoteError, UsageError
+
+if TYPE_CHECKING:
+    from .oci import PushResult
 
 FORM = "hf://[TYPE/]NAMESPACE/NAME[@REVISION]/PATH"
 _PREFIXES = {"models": "", "datasets": "datasets/", "spaces": "spaces/", "kernels": "kernels/"}
@@ -103,3 +110,62 @@ def access(url: str) -> HubAccess:
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return HubAccess(constants.ENDPOINT.rstrip("/"), headers)
+
+
+_REPO_TYPES = {"models": None, "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
+
+
+def push(archive: str | os.PathLike, url: str) -> PushResult:
+    """Upload a local archive to a branch of a repository on the Hub, as one commit that describes it (its
+    message: kernels, targets and Triton; its description: what ``oci.artifact_annotations`` gives an OCI
+    manifest), with ``huggingface_hub``'s ``upload_file`` and token. The result names the commit, and the hf:// URL
+    of the archive at that commit (``pinned``), which ``ensure`` reads once. An archive the branch holds already
+    makes no commit (``unchanged``): the branch's commit is the answer."""
+    from .oci import PushResult, described
+
+    start = time.perf_counter()
+    file = parse(url)
+    if file.kind == "buckets":
+        raise UsageError("push writes to a repository's branch; a bucket has none (hf buckets cp uploads to one)", url)
+    if COMMIT.fullmatch(file.revision):
+        raise UsageError("push adds a commit to a branch: name a branch, not a commit (main by default)", url)
+    hub = access(url)
+    path, notes, digest, size = described(archive)
+    message = "tritonpack: {} kernels for {} (Triton {})".format(
+        notes["io.tritonpack.kernels"], notes["io.tritonpack.targets"] or "no target",
+        notes["io.tritonpack.triton.version"] or "unknown")
+    from huggingface_hub import HfApi
+
+    from . import __version__
+
+    api = HfApi(endpoint=hub.endpoint, library_name="tritonpack", library_version=__version__)
+    where = {"repo_id": file.repo, "repo_type": _REPO_TYPES[file.kind], "revision": file.revision}
+    library = logging.getLogger("huggingface_hub")
+    level = library.level
+    library.setLevel(logging.ERROR)  # its warning of an unchanged file: said here, in a note
+    try:
+        before = api.repo_info(**where).sha
+        commit = api.upload_file(path_or_fileobj=path, path_in_repo=file.path, commit_message=message,
+                                 commit_description="\n".join(f"{k}: {v}" for k, v in notes.items()), **where).oid
+    except Exception as e:  # huggingface_hub's HTTP errors, with what the Hub said; a connection's
+        raise RemoteError(_refusal(e), url) from None
+    finally:
+        library.setLevel(level)
+    at = "" if file.kind == "models" else file.kind + "/"
+    return PushResult(archive=path, reference=url, digest=commit, archive_digest=digest, size=size,
+                      annotations=notes, seconds=time.perf_counter() - start,
+                      pinned=f"hf://{at}{file.repo}@{commit}/{file.path}", unchanged=commit == before)
+
+
+def _refusal(error: Exception) -> str:
+    """One line for a failure of ``huggingface_hub``'s client: an HTTP error as the HTTP reader says one (``HTTP
+    404 Not Found: Repository not found``, the Hub's own message after the colon), anything else as it is."""
+    from .remote import describe_failure
+
+    response = getattr(error, "response", None)
+    status = getattr(response, "status_code", None)
+    if not isinstance(status, int):
+        return describe_failure(error)
+    reason = getattr(response, "reason_phrase", None) or getattr(response, "reason", None) or ""
+    said = " ".join(str(getattr(error, "server_message", None) or "").split())[:200]
+    return f"HTTP {status} {reason}".rstrip() + (f": {said}" if said else "")

@@ -132,18 +132,21 @@ def artifact_annotations(info: ArchiveInfo, entries: tuple[Entry, ...], digest: 
 class PushResult:
     archive: str
     reference: str
-    digest: str  # the manifest's: what oci://REGISTRY/REPOSITORY@DIGEST pulls
+    digest: str  # the manifest's: what oci://REGISTRY/REPOSITORY@DIGEST pulls (on the Hub: the commit)
     archive_digest: str  # the layer's: the archive file's sha256
     size: int
     annotations: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    pinned: str = ""  # the reference to this push alone, whatever is pushed after it: REFERENCE@DIGEST
+    unchanged: bool = False  # the Hub's branch held this archive already: no commit was made
 
     def summary(self) -> str:
         return (f"pushed {self.archive} ({human_bytes(self.size)}) to {self.reference} in {self.seconds:.2f} s: "
                 f"{self.digest}")
 
     def notes(self) -> list[str]:
-        return []
+        lines = ["the branch holds this archive already: no commit was made"] if self.unchanged else []
+        return lines + ([f"this push alone, whatever is pushed after it: {self.pinned}"] if self.pinned else [])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -328,11 +331,9 @@ def _upload_blob(client, container, ref: Reference, blob: dict, body: _FileBody 
     _status(response, ref, what)
 
 
-def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None = None) -> PushResult:
-    """Push a local archive as an OCI artifact; its index (read first, so a bad archive is never pushed) gives the
-    manifest's annotations."""
-    start = time.perf_counter()
-    ref = parse_reference(reference)
+def described(archive: str | os.PathLike) -> tuple[str, dict[str, str], str, int]:
+    """A local archive to push: its path, what describes it (``artifact_annotations``, from its index, read first
+    so that a bad archive is never pushed), its sha256 and its size."""
     path = os.fspath(archive)
     if scheme_of(path):
         raise UsageError("push needs a local archive file", path)
@@ -340,7 +341,21 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
         raise UsageError("push uploads an archive file, not a stream: save it to one first", STDIN_NAME)
     with ArchiveReader(path) as reader:
         notes = artifact_annotations(reader.info, reader.entries, reader.digest)
-    digest, size = _sha256_file(path)
+    return (path, notes, *_sha256_file(path))
+
+
+def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None = None) -> PushResult:
+    """Push a local archive as an OCI artifact, its manifest annotated (``artifact_annotations``); to the Hugging
+    Face Hub where ``reference`` is an hf:// URL (``hub.push``)."""
+    if scheme_of(reference) == "hf":
+        if plain_http:
+            raise UsageError("--plain-http is for OCI registries (an hf:// URL's endpoint says its scheme)", reference)
+        from .hub import push as push_to_hub
+
+        return push_to_hub(archive, reference)
+    start = time.perf_counter()
+    ref = parse_reference(reference)
+    path, notes, digest, size = described(archive)
     layer = {"mediaType": LAYER_MEDIA_TYPE, "digest": digest, "size": size,
              "annotations": {TITLE: os.path.basename(path)}}
     manifest = {"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE, "artifactType": ARTIFACT_TYPE,
@@ -355,8 +370,10 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
         response = client.do_request(f"{client.prefix}://{container.manifest_url()}", "PUT", data=body,
                                      headers={"Content-Type": MANIFEST_MEDIA_TYPE})
         _status(response, ref, "uploading the manifest")
-    return PushResult(archive=path, reference=str(ref), digest=_manifest_digest(body), archive_digest=digest,
-                      size=size, annotations=notes, seconds=time.perf_counter() - start)
+    manifest_digest = _manifest_digest(body)
+    return PushResult(archive=path, reference=str(ref), digest=manifest_digest, archive_digest=digest, size=size,
+                      annotations=notes, seconds=time.perf_counter() - start,
+                      pinned=f"oci://{ref.registry}/{ref.repository}@{manifest_digest}")
 
 
 def fetch_manifest(reference: str, *, plain_http: bool | None = None) -> dict:

@@ -225,7 +225,7 @@ def _is_timeout(error: BaseException) -> bool:
     return isinstance(error, (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError))
 
 
-def _describe(error: BaseException) -> str:
+def describe_failure(error: BaseException) -> str:
     """One line for a failure of the remote filesystem or its HTTP client."""
     if type(error).__name__ == "NoCredentialsError":  # botocore's: s3fs found no keys anywhere
         return NO_CREDENTIALS
@@ -418,9 +418,9 @@ class FsspecSource:
         except ValueError as e:
             if "Protocol not known" in str(e):
                 raise UsageError(f"unknown URL scheme {scheme}://", url) from None
-            raise UsageError(_describe(e), url) from None
+            raise UsageError(describe_failure(e), url) from None
         except Exception as e:  # a backend that connects as it is made (ftp://, github://) or reads a chained
-            raise RemoteError(_describe(e), url) from None  # URL's container (zip://...::file://...)
+            raise RemoteError(describe_failure(e), url) from None  # URL's container (zip://...::file://...)
         self._http = scheme in _HTTP or self._hub is not None
 
     def _call(self, fn, *args, **kwargs):
@@ -439,7 +439,7 @@ class FsspecSource:
             return NotFoundError(f"no such archive ({found}{said})", self.name)
         if isinstance(error, _Refused):
             return RemoteError(str(error), self.name)
-        described = f"{_describe(error)}{said}"
+        described = f"{describe_failure(error)}{said}"
         if self._hub and getattr(error, "status", None) in (401, 403) and not self._hub[1].authorized:
             described += " (a private or gated repository needs a token: set HF_TOKEN, or run hf auth login)"
         return RemoteError(f"{described} (from {where}, where it redirects)" if where else described, self.name)
