@@ -257,7 +257,8 @@ def test_push_refusals_are_one_line(archive, hub, monkeypatch, capsys, url, code
 def test_push_without_a_token_or_of_a_bad_archive_is_one_line(archive, hub, tmp_path, capsys):
     url = "hf://team/model/k.tpack"
     assert main(["push", str(archive), url]) == 7
-    assert one_line_error(capsys, url) == "HTTP 401 Unauthorized: Invalid credentials in Authorization header"
+    assert one_line_error(capsys, url) == ("HTTP 401 Unauthorized: Invalid credentials in Authorization header "
+                                           "(push needs a token that may write: set HF_TOKEN, or run hf auth login)")
     bad = tmp_path / "bad.tpack"
     bad.write_bytes(archive.read_bytes()[:-100])
     hub.asked.clear()

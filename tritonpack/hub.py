@@ -148,7 +148,10 @@ def push(archive: str | os.PathLike, url: str) -> PushResult:
         commit = api.upload_file(path_or_fileobj=path, path_in_repo=file.path, commit_message=message,
                                  commit_description="\n".join(f"{k}: {v}" for k, v in notes.items()), **where).oid
     except Exception as e:  # huggingface_hub's HTTP errors, with what the Hub said; a connection's
-        raise RemoteError(_refusal(e), url) from None
+        refusal = _refusal(e)
+        if refusal.startswith(("HTTP 401", "HTTP 403")) and not hub.authorized:
+            refusal += " (push needs a token that may write: set HF_TOKEN, or run hf auth login)"
+        raise RemoteError(refusal, url) from None
     finally:
         library.setLevel(level)
     at = "" if file.kind == "models" else file.kind + "/"
