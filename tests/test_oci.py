@@ -134,6 +134,7 @@ def test_push_and_pull_report_the_same_manifest_digest_and_either_pulls(host, ar
     pushed = tritonpack.push(archive, tagged)
     archive_digest = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()
     assert pushed.archive_digest == archive_digest and pushed.digest != archive_digest
+    assert pushed.pinned == f"oci://{host}/triton/digests@{pushed.digest}"  # what pulls this push alone
     assert main(["pull", tagged, "-o", str(tmp_path / "tag.tpack"), "--json"]) == 0
     by_tag = json.loads(capsys.readouterr().out)
     assert (by_tag["digest"], by_tag["archive_digest"]) == (pushed.digest, archive_digest)
