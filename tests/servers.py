@@ -587,7 +587,8 @@ def hugging_face_hub() -> Iterator[Hub]:
     a revision is a branch, a tag or a commit; ``/buckets/{id}/resolve/{path}`` answers 302 with no commit. A private
     repository answers 401 ``RepoNotFound`` without the token (as the Hub does, not to say whether it exists), and
     each error says why in ``X-Error-Code`` and ``X-Error-Message``. The CDN serves a file by its sha256, by
-    ranges, with that as its ``ETag``."""
+    ranges, with that as its ``ETag``. Beside ``resolve``, the API routes ``HfFileSystem`` reads a file by (a
+    revision's commit, a folder's files) and those ``upload_file`` commits one by (preupload, commit)."""
     import hashlib
     import re
 
