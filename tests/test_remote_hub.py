@@ -191,7 +191,10 @@ def test_ensure_of_a_commit_asks_the_hub_nothing_once_done(archive, hub, tmp_pat
     hub.asked.clear()
     result = tritonpack.ensure(pinned, root)
     assert (result.status, result.unreachable, hub.asked) == ("present", "", [])
-    assert tritonpack.ensure(branch, root).status == "present" and len(hub.by("hub")) == 1
+    at_branch = tritonpack.ensure(branch, root)
+    assert at_branch.status == "present" and len(hub.by("hub")) == 1
+    assert at_branch.pinned == pinned and not result.pinned  # the branch's result names its commit's URL
+    assert f"read at a commit: {pinned} names this archive alone" in "\n".join(at_branch.notes())
     shutil.rmtree(next(p for p in root.iterdir() if p.is_dir() and p.name != ".tritonpack"))  # a key directory
     hub.asked.clear()
     assert tritonpack.ensure(pinned, root).status == "unpacked" and hub.asked  # an entry gone: read, written again

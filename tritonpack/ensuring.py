@@ -87,6 +87,7 @@ class EnsureResult:
     unreachable: str = ""  # why the archive could not be read, when this result is the stamp of its URL's last ensure
     unstamped: str = ""  # why no stamp could be written (the next ensure checks the entries again), else ""
     root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
+    pinned: str = ""  # an hf:// URL at a branch: the same at the commit read, which names this archive alone
 
     @property
     def ok(self) -> bool:
@@ -107,6 +108,9 @@ class EnsureResult:
         lines += [f"not checked: {note}" for note in self.unchecked]
         if self.unstamped:
             lines.append(f"no stamp written ({self.unstamped}): the next ensure checks every entry again")
+        if self.pinned:
+            lines.append(f"read at a commit: {self.pinned} names this archive alone, and its ensure asks the Hub "
+                         "nothing once done")
         return lines + root_only_lines(self.root_only)
 
     def to_dict(self) -> dict:
@@ -145,6 +149,18 @@ def _names_one_archive(location: str) -> bool:
         return COMMIT.fullmatch(parse(location).revision) is not None
     except UsageError:
         return False
+
+
+def _at_commit_read(location: str) -> str:
+    """An hf:// URL at a branch, at the commit its reads named (within ``same_archives``); else ""."""
+    from .remote import commit_read, scheme_of
+
+    if scheme_of(location) != "hf" or _names_one_archive(location):
+        return ""
+    from .hub import parse
+
+    commit = commit_read(location)
+    return parse(location).uri(commit) if commit else ""
 
 
 def _is_remote(location: str) -> bool:
@@ -456,6 +472,7 @@ def ensure(
                 if _is_remote(path):
                     unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
                     result.unstamped = result.unstamped or unrecorded
+                result.pinned = _at_commit_read(path)
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
         raise IncompatibleError(none_used(result.entries, result.not_used), path, result=result)

@@ -39,6 +39,10 @@ class HubFile:
     revision: str  # a branch, tag or commit; "" for a bucket, which has none
     path: str  # within the repository, as written
 
+    def uri(self, commit: str) -> str:
+        """The file's hf:// URL at ``commit``: it names these bytes alone."""
+        return f"hf://{'' if self.kind == 'models' else self.kind + '/'}{self.repo}@{commit}/{self.path}"
+
     def url(self, endpoint: str, commit: str = "") -> str:
         """The file's ``resolve`` URL under ``endpoint``, at ``commit`` where one is given: as ``huggingface_hub``'s
         ``hf_hub_url`` writes it (the revision one segment, ``refs%2Fpr%2F1``)."""
@@ -154,10 +158,9 @@ def push(archive: str | os.PathLike, url: str) -> PushResult:
         raise RemoteError(refusal, url) from None
     finally:
         library.setLevel(level)
-    at = "" if file.kind == "models" else file.kind + "/"
     return PushResult(archive=path, reference=url, digest=commit, archive_digest=digest, size=size,
-                      annotations=notes, seconds=time.perf_counter() - start,
-                      pinned=f"hf://{at}{file.repo}@{commit}/{file.path}", unchanged=commit == before)
+                      annotations=notes, seconds=time.perf_counter() - start, pinned=file.uri(commit),
+                      unchanged=commit == before)
 
 
 def _refusal(error: Exception) -> str:

@@ -270,6 +270,13 @@ def same_archives() -> Iterator[None]:
 _SAME: ContextVar[dict[str, _Served] | None] = ContextVar("tritonpack_same_archives", default=None)
 
 
+def commit_read(url: str) -> str:
+    """The commit the Hub's replies named for ``url`` within ``same_archives``, else ""."""
+    kept = _SAME.get()
+    served = kept.get(url) if kept is not None else None
+    return served.commit if served is not None else ""
+
+
 def _served(url: str) -> _Served:
     """What the replies said of ``url`` so far: shared by every opening within ``same_archives``."""
     kept = _SAME.get()
