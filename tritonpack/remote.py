@@ -2,7 +2,7 @@
 ``ByteSource``, chosen by its scheme: a path or ``file://`` URL is read locally (``-`` is standard input; a stream
 is copied first: ``streams``), ``oci://`` is pulled to a temp file, and any other URL (``https://``, ``http://``,
 ``s3://``, ``hf://``, ...) is read through fsspec with one range request per read, so listing fetches the header,
-the trailer and the index and nothing else.
+the trailer and the index and nothing else. An ``hf://`` URL is read as its ``resolve`` URL over HTTP (``hub``).
 """
 from __future__ import annotations
 
