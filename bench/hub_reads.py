@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -26,15 +25,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from servers import hugging_face_hub  # noqa: E402
+from servers import asked_span, hugging_face_hub  # noqa: E402
 
 
 def sent(asked: str | None, size: int) -> int:
-    """The bytes a 206 to ``asked`` (``bytes=a-b`` or ``bytes=-n``) holds, of a file of ``size``."""
-    first, last = re.fullmatch(r"bytes=(\d*)-(\d*)", asked or "").groups()
-    if not first:
-        return min(int(last), size)
-    return min(int(last) if last else size - 1, size - 1) - int(first) + 1
+    """The bytes the CDN sent for ``Range: asked``, of a file of ``size``."""
+    start, end = asked_span(asked, size) or (0, size)
+    return end - start
 
 
 def run(src: str, args: list[str], endpoint: str, home: str) -> float:

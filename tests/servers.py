@@ -9,6 +9,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,18 @@ def binary(name: str) -> str:
             pytest.fail(reason)
         pytest.skip(reason)
     return path
+
+
+def asked_span(range_header: str | None, size: int) -> tuple[int, int] | None:
+    """The ``(start, end)`` of a file of ``size`` bytes that ``Range: bytes=a-b``, ``bytes=a-`` or ``bytes=-n`` asks
+    for, as the servers below answer it; None for no range."""
+    match = re.fullmatch(r"bytes=(\d*)-(\d*)", range_header or "")
+    if not match or not any(match.groups()):
+        return None
+    first, last = match.groups()
+    start = size - int(last) if not first else int(first)
+    end = size if not first or not last else min(int(last) + 1, size)
+    return start, end
 
 
 def free_port() -> int:
@@ -409,19 +422,16 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
     """A server on 127.0.0.1 that serves the file at ``path`` under any name, misbehaving as servers and proxies
     found in the wild do (``FILE_SERVER_MODES``); yields its URL."""
     import gzip
-    import re
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
             data = path.read_bytes()
-            asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
-            if mode == "chunked" or not asked:
+            span = asked_span(self.headers.get("Range"), len(data))
+            if mode == "chunked" or span is None:
                 return self.answer(200, data, chunked=True)
-            first, last = asked.groups()
-            start = len(data) - int(last) if not first else int(first)
-            end = len(data) if not first or not last else min(int(last) + 1, len(data))
+            start, end = span
             if mode == "wrong-range":
                 start, end = 0, end - start
             headers = {"Content-Range": f"bytes {start}-{end - 1}/{'*' if mode == 'unsaid-total' else len(data)}"}
@@ -474,7 +484,6 @@ def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLi
     """An origin that answers each request with a redirect to a new signed link on a CDN (another port), as Hugging
     Face's ``resolve/main/`` and GitHub's release assets do, and a CDN that serves the file at ``path`` by ranges
     through each link ``uses`` times, then answers ``failure`` (403: the signature expired; 500: the CDN fails)."""
-    import re
 
     # Each answer closes its connection: the client's pool holds an idle one 15 s, and the servers' shutdown waits
     served: dict[int, int] = {}  # link -> ranges served through it
@@ -491,8 +500,8 @@ def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLi
                 fresh = served.get(link, 0) < uses
                 served[link] = served.get(link, 0) + fresh
             data = path.read_bytes()
-            asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
-            status = 206 if fresh and asked else failure
+            span = asked_span(self.headers.get("Range"), len(data))
+            status = 206 if fresh and span else failure
             links.asked.append(("cdn", link, status))
             self.close_connection = True
             if status != 206:
@@ -501,9 +510,7 @@ def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLi
                 self.send_header("Connection", "close")
                 self.end_headers()
                 return
-            first, last = asked.groups()
-            start = len(data) - int(last) if not first else int(first)
-            end = len(data) if not first or not last else min(int(last) + 1, len(data))
+            start, end = span
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
             self.send_header("ETag", '"one-archive"')
@@ -590,7 +597,6 @@ def hugging_face_hub() -> Iterator[Hub]:
     ranges, with that as its ``ETag``. Beside ``resolve``, the API routes ``HfFileSystem`` reads a file by (a
     revision's commit, a folder's files) and those ``upload_file`` commits one by (preupload, commit)."""
     import hashlib
-    import re
 
     lock = threading.Lock()
     blobs: dict[str, bytes] = {}
@@ -615,7 +621,6 @@ def hugging_face_hub() -> Iterator[Hub]:
                               self.headers.get("Authorization")))
             where = urllib.parse.urlsplit(self.path)
             data = blobs.get(where.path.strip("/"))
-            asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
             if data is None:
                 return answer(self, 404, {})
             with lock:
@@ -624,11 +629,10 @@ def hugging_face_hub() -> Iterator[Hub]:
                 if hub.link_uses and served[link] > hub.link_uses:
                     return answer(self, 403, {})  # the signature expired
             etag = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "Accept-Ranges": "bytes"}
-            if not asked or not any(asked.groups()):
+            span = asked_span(self.headers.get("Range"), len(data))
+            if span is None:
                 return answer(self, 200, etag, data)
-            first, last = asked.groups()
-            start = len(data) - int(last) if not first else int(first)
-            end = len(data) if not first or not last else min(int(last) + 1, len(data))
+            start, end = span
             answer(self, 206, {**etag, "Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}, data[start:end])
 
         do_HEAD = do_GET
@@ -803,7 +807,6 @@ def busy_server(path: Path, answers: list[tuple[int, dict[str, str]]]) -> Iterat
     """A server busy at first, as one restarting or rate-limiting a fleet's pods is: it gives ``answers`` (a status
     and headers, with no body), one a request, then serves the file at ``path`` by ranges. Yields its URL and the
     status of each answer it gave, in order; a status of 0 in ``answers`` closes the connection unanswered."""
-    import re
 
     given: list[int] = []
     pending = list(answers)
@@ -822,9 +825,7 @@ def busy_server(path: Path, answers: list[tuple[int, dict[str, str]]]) -> Iterat
             data = path.read_bytes()
             body = b""
             if status == 206:
-                first, last = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers["Range"]).groups()
-                start = len(data) - int(last) if not first else int(first)
-                end = len(data) if not first or not last else min(int(last) + 1, len(data))
+                start, end = asked_span(self.headers["Range"], len(data))
                 headers, body = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}, data[start:end]
             self.send_response(status)
             for name, value in {**headers, "Content-Length": str(len(body)), "Connection": "close"}.items():
