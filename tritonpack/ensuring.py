@@ -152,10 +152,10 @@ def _names_one_archive(location: str) -> bool:
 
 
 def _at_commit_read(location: str) -> str:
-    """An hf:// URL at a branch, at the commit its reads named (within ``same_archives``); else ""."""
+    """An hf:// URL, at the commit its reads named (within ``same_archives``); else ""."""
     from .remote import commit_read, scheme_of
 
-    if scheme_of(location) != "hf" or _names_one_archive(location):
+    if scheme_of(location) != "hf":
         return ""
     from .hub import parse
 
@@ -458,7 +458,8 @@ def ensure(
     # A stream (``-``) gives its bytes once: its copy serves every opening below. A URL must hold one archive
     # throughout: the stamp of the digest read first must not name the entries of an archive uploaded meanwhile.
     with kept_streams(), same_archives():
-        result = _last_ensured(stamp_dir, root, path, env_key, start) if _names_one_archive(path) else None
+        at_commit = _names_one_archive(path)
+        result = _last_ensured(stamp_dir, root, path, env_key, start) if at_commit else None
         if result is None:
             try:
                 digest = archive_digest(path)
@@ -472,7 +473,7 @@ def ensure(
                 if _is_remote(path):
                     unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
                     result.unstamped = result.unstamped or unrecorded
-                result.pinned = _at_commit_read(path)
+                result.pinned = "" if at_commit else _at_commit_read(path)
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
         raise IncompatibleError(none_used(result.entries, result.not_used), path, result=result)
