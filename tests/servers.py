@@ -247,6 +247,14 @@ def htpasswd_registry(directory: Path) -> Iterator[str]:
         yield address
 
 
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A handler that logs nothing: the tests' output stays theirs."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
     """A threaded HTTP server on 127.0.0.1 answering with ``handler``; yields its port."""
@@ -338,7 +346,7 @@ def token_server(directory: Path, users: dict[str, str], identity_tokens: dict[s
     directory.mkdir(parents=True, exist_ok=True)
     tokens = TokenServer(directory, users, identity_tokens or {})
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def answer(self) -> None:
             url = urllib.parse.urlsplit(self.path)
             query = urllib.parse.parse_qs(url.query)
@@ -366,9 +374,6 @@ def token_server(directory: Path, users: dict[str, str], identity_tokens: dict[s
 
         do_GET = do_POST = answer
 
-        def log_message(self, *args) -> None:
-            pass
-
     with serving(Handler) as port:
         tokens.realm = f"http://127.0.0.1:{port}/token"
         yield tokens
@@ -382,7 +387,7 @@ def http_registry(answer: Callable[[str, str, int], tuple],
     each request's ``(METHOD PATH, Authorization, body)``, when one is given."""
     seen: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def handle_one(self) -> None:
             request = f"{self.command} {self.path}"
             seen.append(request)
@@ -400,9 +405,6 @@ def http_registry(answer: Callable[[str, str, int], tuple],
                 self.wfile.write(answer_body)
 
         do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = handle_one
-
-        def log_message(self, *args) -> None:
-            pass
 
     with serving(Handler) as port:
         yield f"127.0.0.1:{port}", seen
@@ -423,7 +425,7 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
     found in the wild do (``FILE_SERVER_MODES``); yields its URL."""
     import gzip
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -463,9 +465,6 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client refused the answer as soon as its headers came
 
-        def log_message(self, *args) -> None:
-            pass
-
     with serving(Handler) as port:
         yield f"http://127.0.0.1:{port}"
 
@@ -491,7 +490,7 @@ def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLi
     links = SignedLinks("")
     lock = threading.Lock()
 
-    class Cdn(http.server.BaseHTTPRequestHandler):
+    class Cdn(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -519,11 +518,8 @@ def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLi
             self.end_headers()
             self.wfile.write(data[start:end])
 
-        def log_message(self, *args) -> None:
-            pass
-
     with serving(Cdn) as cdn_port:
-        class Origin(http.server.BaseHTTPRequestHandler):
+        class Origin(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
@@ -536,9 +532,6 @@ def signed_links(path: Path, uses: int, failure: int = 403) -> Iterator[SignedLi
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.close_connection = True
-
-            def log_message(self, *args) -> None:
-                pass
 
         with serving(Origin) as port:
             links.url = f"http://127.0.0.1:{port}/resolve/main/k.tpack"
@@ -613,7 +606,7 @@ def hugging_face_hub() -> Iterator[Hub]:
         if handler.command != "HEAD":
             handler.wfile.write(body)
 
-    class Cdn(http.server.BaseHTTPRequestHandler):
+    class Cdn(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -637,11 +630,8 @@ def hugging_face_hub() -> Iterator[Hub]:
 
         do_HEAD = do_GET
 
-        def log_message(self, *args) -> None:
-            pass
-
     with serving(Cdn) as cdn_port:
-        class Origin(http.server.BaseHTTPRequestHandler):
+        class Origin(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def refuse(self, status: int, code: str, message: str) -> None:
@@ -741,9 +731,6 @@ def hugging_face_hub() -> Iterator[Hub]:
 
             do_HEAD = do_GET
 
-            def log_message(self, *args) -> None:
-                pass
-
         with serving(Origin) as port:
             hub.endpoint = f"http://127.0.0.1:{port}"
             yield hub
@@ -766,7 +753,7 @@ def forward_proxy() -> Iterator[Proxy]:
 
     proxy = Proxy("")
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -794,9 +781,6 @@ def forward_proxy() -> Iterator[Proxy]:
 
         do_HEAD = do_GET
 
-        def log_message(self, *args) -> None:
-            pass
-
     with serving(Handler) as port:
         proxy.url = f"http://127.0.0.1:{port}"
         yield proxy
@@ -812,7 +796,7 @@ def busy_server(path: Path, answers: list[tuple[int, dict[str, str]]]) -> Iterat
     pending = list(answers)
     lock = threading.Lock()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -832,9 +816,6 @@ def busy_server(path: Path, answers: list[tuple[int, dict[str, str]]]) -> Iterat
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
 
     with serving(Handler) as port:
         yield f"http://127.0.0.1:{port}/k.tpack", given
