@@ -167,6 +167,9 @@ def test_what_the_filters_leave_out_is_counted_and_said(tmp_path, compiled_root,
     assert result.not_selected == groups - len(targets())
     assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "r2"), "--arch", "90", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["not_selected"] == groups - len(SOURCES)
+    merged = tritonpack.merge([archive, archive], tmp_path / "m.tpack", selection=Selection(archs=("cuda:80",)))
+    assert merged.not_selected == groups - len(SOURCES)  # each left-out entry once, though in both inputs
+    assert f"left out {groups - len(SOURCES)} entries that --arch or --kernel does not select" in merged.notes()
 
 
 @pytest.mark.parametrize("value", ["foo", "", "cuda:gfx90a", "sm_90"])
@@ -199,7 +202,9 @@ def test_a_pack_of_nothing_is_an_error_not_an_empty_archive(tmp_path, compiled_r
     assert main_exit(["pack", str(above / "cache"), "-o", out, "--since", "2099-01-01"]) == 2
     assert "nothing to pack: " in capsys.readouterr().err
     assert main_exit(["pack", str(above / "cache"), "-o", out, "--kernel", "no_such_*"]) == 2
-    assert "not selected by --arch or --kernel" in capsys.readouterr().err
+    kernels = ", ".join(sorted(fn.fn.__name__ for fn, _, _ in SOURCES))
+    assert f"not selected by --arch or --kernel (all {len(SOURCES) * len(targets())} found; kernels: {kernels})" \
+        in capsys.readouterr().err
     (above / "cache" / ("S" * 52)).mkdir()  # a launcher stub, which every selection keeps: still nothing to pack
     (above / "cache" / ("S" * 52) / "__triton_launcher.cpython-311-x86_64-linux-gnu.so").write_bytes(b"stub")
     assert main_exit(["pack", str(above / "cache"), "-o", out, "--kernel", "no_such_*"]) == 2
@@ -208,7 +213,11 @@ def test_a_pack_of_nothing_is_an_error_not_an_empty_archive(tmp_path, compiled_r
     assert main_exit(["unpack", out, "--cache-dir", str(tmp_path / "r"), "--force", "--kernel", "no_such_*"]) == 2
     assert "matches --arch or --kernel" in capsys.readouterr().err and not (tmp_path / "r").exists()
     assert main_exit(["merge", out, "-o", str(tmp_path / "m.tpack"), "--arch", "cuda:75"]) == 2
-    assert "nothing to merge: no kernel" in capsys.readouterr().err
+    here = ", ".join(sorted(f"{t.backend}:{t.arch}" for t in targets()))  # what --arch could have named instead
+    assert f"nothing to merge: no kernel of the inputs matches --arch or --kernel (targets: {here})" \
+        in capsys.readouterr().err
+    assert main_exit(["unpack", out, "--cache-dir", str(tmp_path / "r"), "--arch", "75", "--kernel", "x"]) == 2
+    assert f"(targets: {here}; kernels: {kernels})" in capsys.readouterr().err
     os.unlink(out)
     assert not (tmp_path / "k.tpack").exists() and not (tmp_path / "m.tpack").exists()
 

@@ -15,7 +15,7 @@ from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, named_version, naming_triton
 from .remote import open_source
-from .selection import EVERYTHING, Selection
+from .selection import EVERYTHING, Offered, Selection
 from .triton_env import cache_root, key_releases, releases_keyed_as
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
@@ -170,17 +170,20 @@ def pack(
             scan.keep(lambda e: e if _newest(e) >= since else None)
         not_since = found - len(scan.entries)
         selected_from: set[str] = set()  # the Tritons the selected kernels were chosen among
+        offer = Offered()
 
         def select(e: LocalEntry) -> LocalEntry | None:
             if e.kernel is not None and e.kernel.triton_version:
                 selected_from.add(e.kernel.triton_version)
+            offer.add(e)
             return e._replace(files=files_subset(e.files, selection.file_indices(e))) if selection.wants(e) else None
 
         if not selection.everything:
             scan.keep(select)
         not_selected = found - not_since - len(scan.entries)
         if not scan.entries:
-            raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found)", root)
+            hint = f"; {offer.words(selection)}" if not_selected and selection.chooses_kernels else ""
+            raise UsageError(f"nothing to pack: {_left_out(not_since, not_selected)} (all {found} found{hint})", root)
         kinds: Counter[str]
         targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
         compilers: Counter[str] = Counter()  # made again each time they are read: packedentries)
@@ -197,8 +200,8 @@ def pack(
             kinds[e.kind] += 1
             foreign += e.foreign_manifest
         if selection.chooses_kernels and not kinds[GROUP]:
-            raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)})",
-                             root)
+            raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)}; "
+                             f"{offer.words(selection)})", root)
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
         triton, triton_note = _compiling_triton(compilers, unnamed, local, {f"{b}:{a}" for b, a, _ in targets})
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
@@ -341,8 +344,12 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     selected = array("I", (n for n, e in enumerate(every) if selection.wants(e)))
     entries = tuple(map(every.__getitem__, selected))
     if selection.chooses_kernels and not any(e.kind == GROUP for e in entries):
+        offer = Offered()
+        for e in every:
+            offer.add(e)
         kernels = sum(e.kind == GROUP for e in every)
-        raise UsageError(f"no kernel of the {kernels} in the archive matches --arch or --kernel", reader.path)
+        raise UsageError(f"no kernel of the {kernels} in the archive matches --arch or --kernel "
+                         f"({offer.words(selection)})", reader.path)
     report = check_entries(entries, reader.info, environment(entries, targets, gpus), every)
     if entries and not report.usable_count and not force:
         raise IncompatibleError(f"{none_used(len(entries), report.reasons())}; --force writes them anyway",

@@ -32,9 +32,9 @@ from .compat import attributed, compiler_of, could_write
 from .errors import ConflictError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name, naming_triton
 from .remote import file_url_path, open_source, scheme_of
-from .report import count_words, human_bytes, kind_counts, plural
+from .report import count_words, human_bytes, kind_counts, left_out_lines, plural
 from .report import entries as count_entries
-from .selection import EVERYTHING, Selection
+from .selection import EVERYTHING, Offered, Selection
 from .streams import STDIN, STDIN_NAME, stream_identity
 
 PREFER = ("first", "last")
@@ -73,6 +73,7 @@ class MergeResult:
     peak_blocks: int  # decoded blocks held at once, at most
     unknown_entries: int  # entries of kinds this tritonpack does not know: not carried over
     producer: str  # what the output's producer maps say, in words
+    not_selected: int = 0  # distinct entries of the inputs that the selection (targets, kernel names) left out
 
     @property
     def written_archive(self) -> str:
@@ -106,6 +107,7 @@ class MergeResult:
                          "would attribute them to one; the preflight reports them unchecked")
         if self.unknown_entries:
             lines.append(f"dropped {self.unknown_entries} entries of a kind this tritonpack does not know")
+        lines += left_out_lines(self.not_selected)
         if len({(i.triton_version, i.triton_key_sha256) for i in self.inputs if i.contributed}) > 1:
             lines.append(f"inputs were packed by different Tritons: {self.producer}")
         return lines
@@ -265,9 +267,13 @@ def merge(
         identical_other_triton: list[str] = []
         conflicts: list[str] = []
         clashes: list[tuple[int, str]] = []  # (input, what differs from whose): unsettled, without prefer
+        left_out: set[tuple[str, str, str]] = set()
+        offer = Offered()
         for source, reader in enumerate(readers):
             for number, entry in enumerate(reader.entries):
+                offer.add(entry)
                 if not selection.wants(entry):
+                    left_out.add(entry.ident)
                     continue
                 if selection.binary_only:
                     kept = tuple(entry.files[i] for i in selection.file_indices(entry))
@@ -297,7 +303,8 @@ def merge(
         _check_paths(chosen, names)
         picked = sorted(chosen.values(), key=lambda c: c[2].ident)
         if selection.chooses_kernels and not any(e.kind == GROUP for _, _, e in picked):
-            raise UsageError("nothing to merge: no kernel of the inputs matches --arch or --kernel")
+            raise UsageError(f"nothing to merge: no kernel of the inputs matches --arch or --kernel "
+                             f"({offer.words(selection)})")
         keep = {(s, n): selection.file_indices(readers[s].entries[n]) for s, n, _ in picked}
         store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, _ in picked for j in keep[(s, n)]),
                           max_blocks=max_blocks)
@@ -338,4 +345,5 @@ def merge(
             peak_blocks=store.peak_blocks,
             unknown_entries=sum(r.index.unknown_entries for r in readers),
             producer=_producer_words(info),
+            not_selected=len(left_out - chosen.keys()),
         )

@@ -82,6 +82,28 @@ EVERYTHING = Selection()
 _ARCH = re.compile(r"(cuda:)?[0-9]+|(hip:)?gfx[0-9a-z]+")
 
 
+class Offered:
+    """What a selection that takes no kernel could have taken: the targets and names of the kernels it was
+    offered, so that its error shows what to type instead of a typo."""
+
+    def __init__(self) -> None:
+        self.targets: set[str] = set()
+        self.names: set[str] = set()
+
+    def add(self, entry) -> None:
+        if entry.kind == GROUP:
+            if entry.kernel is not None and entry.kernel.backend is not None:
+                self.targets.add(entry.kernel.target)
+            self.names.add(entry.name)
+
+    def words(self, selection: Selection) -> str:
+        parts = [f"targets: {', '.join(sorted(self.targets)) or 'none named'}"] if selection.archs else []
+        if selection.kernels:
+            names = sorted(self.names)
+            parts.append(f"kernels: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}")
+        return "; ".join(parts)
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
