@@ -198,6 +198,24 @@ def test_relocate_reports_what_it_cannot_fix(tmp_path, compiled_root):
     assert any(g.state == "incomplete" for g in verify.problems)
 
 
+def test_verify_asks_triton_at_its_root_and_leaves_the_process_alone(tmp_path, compiled_root, monkeypatch):
+    """verify runs Triton's get_group at the root it is given, whatever root the program's Triton is set to (its
+    environment, or 3.4+'s knobs), and changes neither: a serving process's other threads compile meanwhile."""
+    root = shutil.copytree(compiled_root, tmp_path / "cache")
+    assert tritonpack.relocate(root).fixed
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:  # 3.4+: the knob set by the program (which writes it to the environment too)
+        monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "set-by-the-program"))
+    environment = dict(os.environ)
+    report = tritonpack.verify(root)
+    assert report.resolved_by == "triton" and report.groups and not report.problems
+    assert dict(os.environ) == environment
+    if knobs is not None:
+        assert knobs.cache.dir == str(tmp_path / "set-by-the-program")
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "set-by-the-program").exists()
+
+
 def test_nvidia_gpus_are_found_through_nvidia_smi_on_the_path(tmp_path, monkeypatch):
     """Without a GPU here, a stand-in nvidia-smi on PATH answers as the real one does on an H200 and an A100."""
     from tritonpack import gpus

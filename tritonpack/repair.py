@@ -3,7 +3,6 @@ resolves; ``relocate`` rewrites manifests that point into another root (a cache 
 docker COPY) so that they point into the group's own directory."""
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -89,19 +88,6 @@ def _group_problem(reason: str) -> str | None:
     return next((state for prefix, state in _GROUP_SKIPS.items() if reason.startswith(prefix)), None)
 
 
-@contextlib.contextmanager
-def _triton_cache_dir(root: str):
-    old = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = root
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = old
-
-
 def _resolver():
     """Triton's own ``get_group`` if Triton is importable, else the strict rule of Triton 3.8+."""
     try:
@@ -111,8 +97,12 @@ def _resolver():
 
     def resolves(root: str, entry: LocalEntry) -> bool:
         if FileCacheManager is not None:
-            with _triton_cache_dir(root):
-                group = FileCacheManager(entry.key).get_group(f"{entry.name}.json")
+            # Triton's own get_group, at this root: its __init__ would take the root from the process (the
+            # environment, or 3.4+'s knobs, which a host program may have set), and setting it there would change
+            # it for every thread of that program. Every version 3.0-3.9 keeps the key directory in cache_dir.
+            manager = FileCacheManager.__new__(FileCacheManager)
+            manager.key, manager.lock_path, manager.cache_dir = entry.key, None, os.path.join(root, entry.key)
+            group = manager.get_group(f"{entry.name}.json")
             return group is not None and f"{entry.name}.json" in group
         import json
 
