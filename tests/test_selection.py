@@ -179,6 +179,20 @@ def test_an_arch_that_selects_nothing_by_its_form_is_refused(tmp_path, compiled_
     assert not (tmp_path / "k.tpack").exists()
 
 
+def test_the_api_checks_a_selection_as_the_command_line_does(tmp_path, compiled_root, archive):
+    """A typo'd arch passed to the functions is refused as --arch's is, not silently matched to nothing; a string
+    where a tuple goes is one value."""
+    for call in (lambda s: tritonpack.pack(compiled_root, tmp_path / "p.tpack", selection=s),
+                 lambda s: tritonpack.unpack(archive, tmp_path / "r", selection=s),
+                 lambda s: tritonpack.merge([archive], tmp_path / "m.tpack", selection=s)):
+        with pytest.raises(tritonpack.UsageError, match="not 'sm80'"):
+            call(tritonpack.Selection(archs=("90", "sm80")))
+    assert not any((tmp_path / name).exists() for name in ("p.tpack", "r", "m.tpack"))
+    result = tritonpack.unpack(archive, tmp_path / "r", selection=tritonpack.Selection(archs="cuda:80",
+                                                                                         kernels="add_*"))
+    assert result.written == 1
+
+
 def test_archs_may_be_given_as_one_list(tmp_path, compiled_root):
     assert main_exit(["pack", str(compiled_root), "-o", str(tmp_path / "a.tpack"), "--arch", "cuda:80,90"]) == 0
     assert main_exit(["pack", str(compiled_root), "-o", str(tmp_path / "b.tpack"), "--arch", "80", "--arch",

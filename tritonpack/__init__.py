@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .redis_cache import unpack_to_redis
     from .repair import RelocateReport, VerifyReport
     from .report import PackResult, UnpackResult
+    from .selection import Selection
 
 # Loaded on first use: `tritonpack list` or code that calls only unpack() does not pay for the rest.
 _LAZY = {
@@ -46,6 +47,7 @@ _LAZY = {
     "merge": "merging", "MergeResult": "merging", "push": "oci", "pull": "oci", "PushResult": "oci",
     "PullResult": "oci",
     "unpack_to_redis": "redis_cache",
+    "Selection": "selection",
 }
 
 
@@ -71,5 +73,5 @@ __all__ = [
     "RelocateReport", "PushResult", "PullResult",
     "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError", "IntegrityError", "ReaderLimitError",
     "CacheError", "IncompatibleError", "RecordError", "ConflictError", "RemoteError", "Terminated",
-    "push", "pull", "unpack_to_redis",
+    "push", "pull", "unpack_to_redis", "Selection",
 ]

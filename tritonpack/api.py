@@ -159,6 +159,7 @@ def pack(
     root = cache_root(cache_dir)
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
+    selection = selection.checked()
     refuse_output_inside(root, output)
     helpers = forked_helpers() if processes else None  # forked first, while this process is small
     with helpers if helpers is not None else contextlib.nullcontext():
@@ -393,6 +394,7 @@ def unpack(
 
     start = time.perf_counter()
     root = _resolve_root(cache_dir)
+    selection = selection.checked()
     # Workers fork as soon as the block table is read, and decompress blocks while this process decodes the rest
     # of the index and compares the archive with the root.
     launcher = Launcher(root) if processes else None

@@ -128,10 +128,7 @@ def _is_standard_output(path: str | None) -> bool:
 
 
 def selection(arch: list[str] | None, kernel: list[str] | None, binary_only: bool) -> Selection:
-    try:
-        return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only).checked()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return Selection(archs=tuple(arch or ()), kernels=tuple(kernel or ()), binary_only=binary_only).checked()
 
 
 def since_time(text: str | None) -> float | None:

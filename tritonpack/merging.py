@@ -247,6 +247,7 @@ def merge(
         raise UsageError(f"--prefer must be first or last, not {prefer!r}")
     if not 1 <= level <= 22:
         raise UsageError(f"compression level must be 1-22, not {level}")
+    selection = selection.checked()
     created = source_date_epoch()
     start = time.perf_counter()
     names = [os.fspath(p) for p in inputs]

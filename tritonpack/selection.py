@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from .errors import UsageError
 from .model import AUTOTUNE, GROUP, names_of
 
 BINARY_SUFFIXES = (".cubin", ".hsaco")  # with <name>.json, what Triton's TRITON_STORE_BINARY_ONLY keeps
@@ -39,12 +40,14 @@ class Selection(NamedTuple):
 
     def checked(self) -> Selection:
         """This selection, its archs split at commas (``--arch 80,90``) and each one checked: a typo would
-        otherwise select nothing, silently."""
-        archs = tuple(a.strip() for value in self.archs for a in value.split(","))
+        otherwise select nothing, silently. A string where a tuple goes is one value, not its characters."""
+        values = (self.archs,) if isinstance(self.archs, str) else self.archs
+        archs = tuple(a.strip() for value in values for a in value.split(","))
         for arch in archs:
             if not _ARCH.fullmatch(arch):
-                raise ValueError(f"--arch takes cuda:90, hip:gfx942, or just 90 or gfx942, not {arch!r}")
-        return self._replace(archs=archs)
+                raise UsageError(f"--arch takes cuda:90, hip:gfx942, or just 90 or gfx942, not {arch!r}")
+        kernels = (self.kernels,) if isinstance(self.kernels, str) else tuple(self.kernels)
+        return self._replace(archs=archs, kernels=kernels)
 
     @property
     def chooses_kernels(self) -> bool:
