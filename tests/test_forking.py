@@ -80,6 +80,47 @@ def test_an_interrupted_parent_kills_its_children(counted_forks):
     assert time.monotonic() - start < 10 and len(counted_forks) == 2 and no_child_left()
 
 
+def test_a_ctrl_c_as_a_child_is_forked_leaves_no_child(monkeypatch, counted_forks):
+    """SIGINT the instant the fork returns, before the parent has recorded the child: it lands once the child is
+    one the map kills and reaps, so a program that goes on after the KeyboardInterrupt keeps no child."""
+    counted = os.fork
+
+    def interrupted():
+        pid = counted()
+        if pid:
+            signal.raise_signal(signal.SIGINT)
+        return pid
+
+    monkeypatch.setattr(os, "fork", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        forking.forked_map(lambda n: n, [0, 1, 2])
+    assert len(counted_forks) == 1 and no_child_left()
+
+
+def test_a_ctrl_c_as_the_run_lock_is_made_leaves_no_lock(tmp_path, monkeypatch):
+    """SIGINT the instant the run's lock file is created, before the run has recorded it: the run removes it."""
+    from invariants import temp_files
+
+    from tritonpack.tempfiles import RunLock
+
+    real_open = os.open
+
+    def interrupted(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        if str(path).endswith(".lock"):
+            signal.raise_signal(signal.SIGINT)
+        return fd
+
+    monkeypatch.setattr(os, "open", interrupted)
+    lock, descriptors = RunLock(str(tmp_path)), set(os.listdir("/proc/self/fd"))
+    with pytest.raises(KeyboardInterrupt):
+        lock.acquire()
+    monkeypatch.setattr(os, "open", real_open)
+    assert lock.path is not None and os.path.exists(lock.path)  # recorded, so that the run's cleanup finds it
+    lock.release()
+    assert temp_files(tmp_path) == [] and set(os.listdir("/proc/self/fd")) <= descriptors
+
+
 @pytest.fixture()
 def odd_root(tmp_path, compiled_root):
     """A root of many key directories, with what the scan skips spread among them."""

@@ -338,6 +338,29 @@ def test_workers_die_with_a_killed_parent_and_the_next_unpack_cleans_up(tmp_path
     assert temp_files(root) == [] and group_problems(str(root)) == []
 
 
+@pytest.mark.parametrize("fork", [1, 2, 3])
+def test_a_ctrl_c_as_a_worker_is_forked_leaves_no_worker_nor_pipe(tmp_path, archive, three_workers, monkeypatch,
+                                                                  fork):
+    """SIGINT the instant the parent's fork returns, before it has recorded the child: in a program that goes on
+    after the KeyboardInterrupt (a server), the workers forked so far, their pipes and the run's lock are gone."""
+    counted = os.fork
+
+    def interrupted():
+        pid = counted()
+        if pid and len(three_workers) == fork:
+            signal.raise_signal(signal.SIGINT)
+        return pid
+
+    monkeypatch.setattr(os, "fork", interrupted)
+    root = _prepared_root(tmp_path, archive)
+    before, descriptors = snapshot(root), set(os.listdir("/proc/self/fd"))
+    with pytest.raises(KeyboardInterrupt):
+        tritonpack.unpack(archive, root, processes=True)
+    assert len(three_workers) >= fork and no_child_left()  # it lands once they are recorded
+    assert set(os.listdir("/proc/self/fd")) <= descriptors
+    assert snapshot(root) == before and temp_files(root) == []
+
+
 @pytest.mark.parametrize("forks", [0, 1])
 def test_a_fork_that_fails_leaves_the_work_to_those_there_are(tmp_path, archive, three_workers, monkeypatch,
                                                               forks):

@@ -152,6 +152,7 @@ def pack(
     from .cacheroot import files_subset, not_a_root, scan_cache
     from .compat import attribution
     from .fingerprint import local_triton
+    from .forking import uninterrupted
     from .report import PackResult, kind_counts
     from .triton_env import python_info
 
@@ -161,8 +162,11 @@ def pack(
         raise UsageError(f"compression level must be 1-22, not {level}")
     selection = selection.checked()
     refuse_output_inside(root, output)
-    helpers = forked_helpers() if processes else None  # forked first, while this process is small
-    with helpers if helpers is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        with uninterrupted():  # forked first, while this process is small; known to the stack before a Ctrl-C
+            helpers = forked_helpers() if processes else None
+            if helpers is not None:
+                stack.enter_context(helpers)
         scan = scan_cache(root, processes=processes)
         found = len(scan.entries)
         if not found:

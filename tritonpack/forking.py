@@ -14,7 +14,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO, TypeVar
 
 Part = TypeVar("Part")
@@ -28,6 +28,30 @@ def fork_safe() -> bool:
     that finished from one that was killed. A handler Python does not know of (None) is taken as one."""
     return (sys.platform.startswith("linux") and threading.active_count() == 1
             and signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back in this thread while something that must be cleaned up (a forked child and
+    its pipes, a lock file) is made and recorded where the cleanup finds it: delivered as soon as the block ends,
+    never in between, where a host program that goes on after a KeyboardInterrupt would be left with it."""
+    try:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+    except AttributeError:  # not on this platform
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def as_child() -> None:
+    """In a forked child (forked inside ``uninterrupted``): Ctrl-C ignored, since the parent decides and kills it
+    if it must; SIGTERM delivered again."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(AttributeError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
 
 
 def cores() -> int:
@@ -66,7 +90,8 @@ def forked_map(function: Callable[[Part], Result], parts: Sequence[Part]) -> lis
     children: list[tuple[int, BinaryIO] | None] = []  # (pid, result file) of each part after the first
     try:
         for part in parts[1:]:
-            children.append(_fork(function, part, parent))
+            with uninterrupted():
+                children.append(_fork(function, part, parent))
         results = [function(parts[0])]
         for n in range(1, len(parts)):
             child, children[n - 1] = children[n - 1], None
@@ -97,7 +122,7 @@ def _fork(function: Callable, part, parent: int) -> tuple[int, BinaryIO] | None:
         return pid, spill
     code = 1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this child if it must
+        as_child()
         die_with(parent)
         pickle.dump((function(part),), spill, protocol=pickle.HIGHEST_PROTOCOL)
         spill.flush()

@@ -29,6 +29,8 @@ import stat
 import threading
 import time
 
+from .forking import uninterrupted
+
 PREFIX = "tmp.tpack."
 TEMP_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})([0-9a-f]{4})")
 LOCK_RE = re.compile(r"tmp\.tpack\.([0-9]{1,10})\.([0-9a-f]{8})\.lock")
@@ -82,7 +84,9 @@ class RunLock:
         return None if self.token is None else os.path.join(self.root, f"{PREFIX}{self.pid}.{self.token}.lock")
 
     def acquire(self) -> None:
-        with self._acquiring:  # writer threads stage files at once: one run, one lock
+        # writer threads stage files at once: one run, one lock; a Ctrl-C between creating the lock file and
+        # recording it would leave the file, and its lock held
+        with self._acquiring, uninterrupted():
             self._acquire()
 
     def _acquire(self) -> None:

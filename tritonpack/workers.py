@@ -37,7 +37,16 @@ from .archive.index import BlobTable, Block
 from .archive.splice import BlockContent
 from .cachedest import manifest_json
 from .errors import ArchiveError, CacheError
-from .forking import cores, die_with, fork_safe, private_map, receive_message, send_message
+from .forking import (
+    as_child,
+    cores,
+    die_with,
+    fork_safe,
+    private_map,
+    receive_message,
+    send_message,
+    uninterrupted,
+)
 from .staging import MANIFEST, StageWriter, Targets
 
 if TYPE_CHECKING:
@@ -98,8 +107,9 @@ class Launcher:
     def __call__(self, reader, blocks: list[Block]) -> None:
         count = worker_count(reader, blocks)
         if count:
-            workers = StagingWorkers(reader, self.root, blocks, count)
-            self.workers = workers if workers.children else None
+            with uninterrupted():  # every worker forked is known to __exit__ before a Ctrl-C lands
+                workers = StagingWorkers(reader, self.root, blocks, count)
+                self.workers = workers if workers.children else None
 
     def on_blobs(self, blobs: BlobTable) -> None:
         """``ArchiveReader``'s ``on_blobs``: the workers verify blobs of the blocks they decompress meanwhile."""
@@ -255,7 +265,7 @@ class StagingWorkers:
             if pid == 0:  # the worker: never returns into the caller
                 code = 1
                 try:
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and cleans up
+                    as_child()  # the parent decides, and cleans up
                     die_with(parent)
                     for fd in (commands_w, results_r, *(f for r, (_, c, _) in self.children.items() for f in (r, c))):
                         os.close(fd)

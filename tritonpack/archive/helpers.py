@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from ..cacheroot import read_file_into
-from ..forking import die_with, receive_message, send_message
+from ..forking import as_child, die_with, receive_message, send_message
 from . import splice
 
 _READ, _PLAN = 0, 1
@@ -65,7 +65,7 @@ class BlockHelpers:
         self._alive = 0
         self._lock = threading.Lock()
         parent = os.getpid()
-        for _ in range(count):
+        for _ in range(count):  # made inside forking.uninterrupted (forked_helpers' caller): see api.pack
             child = _fork(self.buffers, parent, [fd for _, *fds in self._children for fd in fds])
             if child is not None:
                 self._children.append(child)
@@ -186,7 +186,7 @@ def _fork(buffers: Sequence[mmap.mmap], parent: int, others: list[int]) -> tuple
     try:
         for fd in (commands_w, results_r, *others):
             os.close(fd)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the writer decides, and its end ends this process
+        as_child()  # the writer decides, and its end ends this process
         die_with(parent)
         gc.disable()  # a collection would write to every object it inherited: copies of the writer's pages
         while (message := receive_message(commands_r)) is not None:
