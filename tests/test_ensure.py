@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -202,6 +203,15 @@ def test_removed_entry_is_restored(tmp_path, archive):
     manifest.unlink()
     result = tritonpack.ensure(archive, root)
     assert result.status == "unpacked" and result.written == 1 and manifest.exists()
+
+
+def test_a_copied_root_is_relinked_not_written(tmp_path, archive, compiled_root):
+    """A root copied with cp -r holds every file: ensure rewrites the manifests only, and says so, not "written"."""
+    root = shutil.copytree(compiled_root, tmp_path / "copied")
+    result = tritonpack.ensure(archive, root)
+    assert (result.status, result.written, result.relinked) == ("unpacked", 0, result.usable)
+    assert f"unpacked: 0 written, {result.usable} relinked" in result.summary()
+    assert tritonpack.ensure(archive, root).status == "present" and not tritonpack.verify(root).problems
 
 
 def test_what_ensure_keeps_is_said_with_its_reason_then_and_later(tmp_path, archive, capsys):

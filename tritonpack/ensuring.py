@@ -75,7 +75,7 @@ class EnsureResult:
     waited: bool  # another process held the lock (was unpacking) when this one arrived
     entries: int
     usable: int  # entries this environment will use
-    written: int  # entries written by this call
+    written: int  # entries written by this call (their files and manifests)
     conflicts: list[str] = field(default_factory=list)  # kept: content differs
     linked: list[str] = field(default_factory=list)  # kept: the key directory is a symbolic link
     key_not_directory: list[str] = field(default_factory=list)  # kept: a file where the key directory goes
@@ -88,6 +88,7 @@ class EnsureResult:
     unstamped: str = ""  # why no stamp could be written (the next ensure checks the entries again), else ""
     root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
     pinned: str = ""  # an hf:// URL at a branch: the same at the commit read, which names this archive alone
+    relinked: int = 0  # entries whose files were there (a copied root): only their manifests written by this call
 
     @property
     def ok(self) -> bool:
@@ -95,7 +96,8 @@ class EnsureResult:
         return self.status != UNUSABLE
 
     def summary(self) -> str:
-        what = {UNPACKED: f"unpacked: {self.written} written", PRESENT: "already present, nothing to do",
+        relinked = f", {self.relinked} relinked" if self.relinked else ""
+        what = {UNPACKED: f"unpacked: {self.written} written{relinked}", PRESENT: "already present, nothing to do",
                 UNUSABLE: "none will be used here, nothing written"}[self.status]
         return (f"ensured {self.archive} in {self.cache_dir}: {what} ({self.usable} of "
                 f"{plural(self.entries, 'entry', 'entries')} usable) in {self.seconds * 1000:.1f} ms")
@@ -299,9 +301,9 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
         markers = [os.path.join(e.key, manifest_name(e.name) if e.kind == GROUP else e.name) for e in reader.entries]
     markers = [m for m in markers if os.path.exists(os.path.join(root, m))]
     usable = result.entries - result.not_used_entries
-    written = result.written + result.relinked
-    return EnsureResult(archive, root, digest, UNPACKED if written else PRESENT, False, result.entries, usable,
-                        written, conflicts=result.conflicts, linked=result.linked,
+    changed = result.written or result.relinked
+    return EnsureResult(archive, root, digest, UNPACKED if changed else PRESENT, False, result.entries, usable,
+                        result.written, relinked=result.relinked, conflicts=result.conflicts, linked=result.linked,
                         key_not_directory=result.key_not_directory, file_is_directory=result.file_is_directory,
                         not_used=result.not_used, unchecked=result.unchecked, root_only=result.root_only), markers
 
