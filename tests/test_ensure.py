@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -212,6 +213,41 @@ def test_a_copied_root_is_relinked_not_written(tmp_path, archive, compiled_root)
     assert (result.status, result.written, result.relinked) == ("unpacked", 0, result.usable)
     assert f"unpacked: 0 written, {result.usable} relinked" in result.summary()
     assert tritonpack.ensure(archive, root).status == "present" and not tritonpack.verify(root).problems
+
+
+def test_a_root_moved_since_its_ensure_is_relinked_and_hits(tmp_path, archive):
+    """An image's root copied, or a volume mounted, at another path holds the stamp of its first path, with
+    manifests naming it: ensure relinks them (it answered "present", and Triton missed every kernel)."""
+    built = tmp_path / "build" / "cache"
+    tritonpack.ensure(archive, built)
+    moved = tmp_path / "pod" / "cache"
+    shutil.copytree(built, moved, symlinks=True)
+    shutil.rmtree(built)
+    result = tritonpack.ensure(archive, moved)
+    assert (result.status, result.written, result.relinked) == ("unpacked", 0, result.usable)
+    assert not tritonpack.verify(moved).problems
+    assert tritonpack.ensure(archive, moved).status == "present"
+    hits = json.loads(subprocess.run([sys.executable, "-c", COMPILER, str(Path(__file__).parent), str(moved)],
+                                     capture_output=True, text=True, check=True).stdout)
+    if HAS_LISTENER:
+        assert all(hits)
+
+
+def test_a_file_removed_from_a_group_is_restored(tmp_path, archive):
+    """A cleaner that removes the IR files Triton never reads again (by atime) leaves the manifests: Triton 3.8+
+    then misses the group. The stamp sees the key directory changed, and ensure writes the file again."""
+    def contents():
+        return {path: (size, digest) for path, (size, _, digest) in snapshot(root).items()
+                if not path.startswith(".tritonpack/")}  # the stamp records the directories' new mtimes
+
+    root = tmp_path / "root"
+    tritonpack.ensure(archive, root)
+    before = contents()
+    victim = next(root.glob("*/*.ptx"))
+    victim.unlink()
+    result = tritonpack.ensure(archive, root)
+    assert result.status == "unpacked" and result.written == 1 and contents() == before
+    assert tritonpack.ensure(archive, root).status == "present"
 
 
 def test_what_ensure_keeps_is_said_with_its_reason_then_and_later(tmp_path, archive, capsys):

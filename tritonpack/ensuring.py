@@ -3,7 +3,10 @@
 The first call unpacks (with the preflight: entries this environment will not use are not written) and leaves a
 stamp in ``<root>/.tritonpack/``, named after the archive digest and a key of the preflight-relevant environment.
 Later calls read the archive's 64-byte trailer, compute that key from a few ``stat`` calls, find the stamp and
-check that the entries it lists are still there: no index decoding, no Triton import, no fingerprint.
+check that it is this root's (a root copied or mounted elsewhere has manifests naming the old path) and that none of
+the key directories it lists has changed since: one ``stat`` a directory, whose mtime changes with every file removed
+from it, added or renamed (a cleaner that deletes the IR files Triton never reads again makes Triton 3.8+ miss the
+group). No index decoding, no Triton import, no fingerprint.
 
 Many processes may call it at once (every rank of a job): the first takes an exclusive ``flock`` on
 ``<root>/.tritonpack/lock`` and unpacks; the others wait on the lock, then find the stamp. A process killed while
@@ -48,11 +51,10 @@ from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trail
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
 from .gpus import cuda_hidden
-from .model import GROUP, manifest_name
 from .report import kept_lines, none_used, plural, reasons_to_dicts, root_only_lines
 from .triton_env import cache_root
 
-STAMP_VERSION = 1
+STAMP_VERSION = 2  # 2: the root and its key directories' (inode, mtime), where 1 listed the manifests
 UNPACKED = "unpacked"  # this call wrote
 PRESENT = "present"  # done before, by this or another process: nothing written
 UNUSABLE = "unusable"  # no entry of the archive would be used here: nothing written
@@ -228,13 +230,14 @@ def environment_key(targets: list[str] | None = None) -> str:
 
 
 def _stamped(stamp: str, root: str, archive: str, waited: bool, start: float) -> EnsureResult | None:
-    """The recorded outcome, if the stamp exists and every entry it lists is still in the root."""
+    """The recorded outcome, if the stamp exists, was written for this root, and its key directories are as they
+    were then."""
     try:
         with open(stamp, encoding="utf-8") as f:
             doc = json.load(f)
-        if doc.get("stamp") != STAMP_VERSION:
+        if doc.get("stamp") != STAMP_VERSION or doc["root"] != root:
             return None
-        if not all(os.path.exists(os.path.join(root, m)) for m in doc["markers"]):
+        if _directories(root, doc["directories"]) != doc["directories"]:
             return None
         return EnsureResult(
             archive=archive, cache_dir=root, digest=doc["digest"], status=UNUSABLE if doc["unusable"] else PRESENT,
@@ -285,7 +288,7 @@ def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
 
 
 def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
-            processes: bool) -> tuple[EnsureResult, list[str]]:
+            processes: bool) -> tuple[EnsureResult, dict[str, list[int]]]:
     from .api import open as open_archive
     from .api import unpack
 
@@ -296,16 +299,15 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
         if report is None:  # not the preflight's refusal, which carries its report
             raise
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
-                            not_used=report.reasons(), unchecked=report.unchecked), []
+                            not_used=report.reasons(), unchecked=report.unchecked), {}
     with open_archive(archive) as reader:
-        markers = [os.path.join(e.key, manifest_name(e.name) if e.kind == GROUP else e.name) for e in reader.entries]
-    markers = [m for m in markers if os.path.exists(os.path.join(root, m))]
+        directories = _directories(root, {e.key for e in reader.entries})
     usable = result.entries - result.not_used_entries
     changed = result.written or result.relinked
     return EnsureResult(archive, root, digest, UNPACKED if changed else PRESENT, False, result.entries, usable,
                         result.written, relinked=result.relinked, conflicts=result.conflicts, linked=result.linked,
                         key_not_directory=result.key_not_directory, file_is_directory=result.file_is_directory,
-                        not_used=result.not_used, unchecked=result.unchecked, root_only=result.root_only), markers
+                        not_used=result.not_used, unchecked=result.unchecked, root_only=result.root_only), directories
 
 
 def _location_record(stamp_dir: str, location: str, env_key: str) -> str:
@@ -360,12 +362,24 @@ def _last_ensured(stamp_dir: str, root: str, location: str, env_key: str, start:
     return result if result is not None and result.digest == digest else None
 
 
-def _write_stamp(stamp: str, result: EnsureResult, markers: list[str]) -> str:
-    doc = {"stamp": STAMP_VERSION, "digest": result.digest, "unusable": result.status == UNUSABLE,
+def _directories(root: str, keys) -> dict[str, list[int]]:
+    """The (inode, mtime in ns) of each key directory that is there: a file removed from one, added or renamed
+    changes its mtime, and one removed and made again its inode."""
+    found = {}
+    for key in keys:
+        with contextlib.suppress(OSError):
+            st = os.stat(os.path.join(root, key))
+            found[key] = [st.st_ino, st.st_mtime_ns]
+    return found
+
+
+def _write_stamp(stamp: str, result: EnsureResult, root: str, directories: dict[str, list[int]]) -> str:
+    doc = {"stamp": STAMP_VERSION, "root": root, "directories": directories, "digest": result.digest,
+           "unusable": result.status == UNUSABLE,
            "entries": result.entries, "usable": result.usable, "conflicts": result.conflicts,
            "linked": result.linked, "key_not_directory": result.key_not_directory,
            "file_is_directory": result.file_is_directory,
-           "not_used": result.not_used, "unchecked": result.unchecked, "markers": markers}
+           "not_used": result.not_used, "unchecked": result.unchecked}
     return _write_json(stamp, doc)
 
 
@@ -424,9 +438,9 @@ def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, ta
         with _exclusive(stamp_dir) as (waited, unlocked):
             result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
             if result is None:
-                result, markers = _unpack(path, root, digest, targets, processes)
+                result, directories = _unpack(path, root, digest, targets, processes)
                 result.waited = waited
-                result.unstamped = unlocked or _write_stamp(stamp, result, markers)
+                result.unstamped = unlocked or _write_stamp(stamp, result, root, directories)
                 if not result.unstamped:
                     _prune_stamps(stamp_dir, stamp)
     result.stamp = stamp
