@@ -233,6 +233,17 @@ def test_a_root_moved_since_its_ensure_is_relinked_and_hits(tmp_path, archive):
         assert all(hits)
 
 
+def test_key_directories_whose_mtimes_an_image_cut_to_seconds_are_the_stamped_ones(tmp_path, archive):
+    """An image's layers carry mtimes to the second (the build's ensure stamped them to the ns): the start on a host
+    that pulled it still finds its stamp."""
+    root = tmp_path / "root"
+    tritonpack.ensure(archive, root)
+    for key in (p for p in root.iterdir() if p.name != ".tritonpack"):
+        mtime = key.stat().st_mtime_ns
+        os.utime(key, ns=(mtime, mtime - mtime % 1_000_000_000))
+    assert tritonpack.ensure(archive, root).status == "present"
+
+
 def test_a_file_removed_from_a_group_is_restored(tmp_path, archive):
     """A cleaner that removes the IR files Triton never reads again (by atime) leaves the manifests: Triton 3.8+
     then misses the group. The stamp sees the key directory changed, and ensure writes the file again."""

@@ -6,7 +6,8 @@ Later calls read the archive's 64-byte trailer, compute that key from a few ``st
 check that it is this root's (a root copied or mounted elsewhere has manifests naming the old path) and that none of
 the key directories it lists has changed since: one ``stat`` a directory, whose mtime changes with every file removed
 from it, added or renamed (a cleaner that deletes the IR files Triton never reads again makes Triton 3.8+ miss the
-group). No index decoding, no Triton import, no fingerprint.
+group). An image's layers keep mtimes to the second only: an mtime of whole seconds is taken for the one stamped in
+that second. No index decoding, no Triton import, no fingerprint.
 
 Many processes may call it at once (every rank of a job): the first takes an exclusive ``flock`` on
 ``<root>/.tritonpack/lock`` and unpacks; the others wait on the lock, then find the stamp. A process killed while
@@ -54,7 +55,7 @@ from .gpus import cuda_hidden
 from .report import kept_lines, none_used, plural, reasons_to_dicts, root_only_lines
 from .triton_env import cache_root
 
-STAMP_VERSION = 2  # 2: the root and its key directories' (inode, mtime), where 1 listed the manifests
+STAMP_VERSION = 2  # 2: the root and its key directories' mtimes, where 1 listed the manifests
 UNPACKED = "unpacked"  # this call wrote
 PRESENT = "present"  # done before, by this or another process: nothing written
 UNUSABLE = "unusable"  # no entry of the archive would be used here: nothing written
@@ -237,7 +238,7 @@ def _stamped(stamp: str, root: str, archive: str, waited: bool, start: float) ->
             doc = json.load(f)
         if doc.get("stamp") != STAMP_VERSION or doc["root"] != root:
             return None
-        if _directories(root, doc["directories"]) != doc["directories"]:
+        if not _unchanged(_directories(root, doc["directories"]), doc["directories"]):
             return None
         return EnsureResult(
             archive=archive, cache_dir=root, digest=doc["digest"], status=UNUSABLE if doc["unusable"] else PRESENT,
@@ -288,7 +289,7 @@ def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
 
 
 def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
-            processes: bool) -> tuple[EnsureResult, dict[str, list[int]]]:
+            processes: bool) -> tuple[EnsureResult, dict[str, int]]:
     from .api import open as open_archive
     from .api import unpack
 
@@ -362,18 +363,25 @@ def _last_ensured(stamp_dir: str, root: str, location: str, env_key: str, start:
     return result if result is not None and result.digest == digest else None
 
 
-def _directories(root: str, keys) -> dict[str, list[int]]:
-    """The (inode, mtime in ns) of each key directory that is there: a file removed from one, added or renamed
-    changes its mtime, and one removed and made again its inode."""
+def _directories(root: str, keys) -> dict[str, int]:
+    """The mtime (ns) of each key directory that is there: a file removed from one, added or renamed changes it."""
     found = {}
     for key in keys:
         with contextlib.suppress(OSError):
-            st = os.stat(os.path.join(root, key))
-            found[key] = [st.st_ino, st.st_mtime_ns]
+            found[key] = os.stat(os.path.join(root, key)).st_mtime_ns
     return found
 
 
-def _write_stamp(stamp: str, result: EnsureResult, root: str, directories: dict[str, list[int]]) -> str:
+def _unchanged(now: dict[str, int], stamped: dict[str, int]) -> bool:
+    """Whether the key directories are those stamped: the same ones, each with its mtime, or that mtime cut to
+    whole seconds, as an image's layers carry it from the build to every host that pulls it."""
+    second = 1_000_000_000
+    return now.keys() == stamped.keys() and all(
+        mtime == stamped[key] or (mtime % second == 0 and mtime // second == stamped[key] // second)
+        for key, mtime in now.items())
+
+
+def _write_stamp(stamp: str, result: EnsureResult, root: str, directories: dict[str, int]) -> str:
     doc = {"stamp": STAMP_VERSION, "root": root, "directories": directories, "digest": result.digest,
            "unusable": result.status == UNUSABLE,
            "entries": result.entries, "usable": result.usable, "conflicts": result.conflicts,
