@@ -174,6 +174,45 @@ def test_relocate_fixes_what_it_can_and_reports_the_rest(root, monkeypatch):
     assert len(stale) == 1 and stale[0].startswith("stale: 1 group: points into another root")
 
 
+def test_verify_reports_what_breaks_triton_and_says_what_it_ignored(tmp_path, root):
+    """A manifest Triton's cache manager fails on (a child path that is null: verify raised TypeError, as Triton's
+    compile does), a file where a key directory goes (Triton's makedirs fails): broken, and the rest of what the
+    scan skipped is listed, where verify said nothing of it and passed."""
+    tritonpack.relocate(root)  # a copy of the compiled root: its own manifests first
+    manifest = next(root.glob("*/__grp__*.json"))
+    doc = json.loads(manifest.read_text())
+    doc["child_paths"][next(iter(doc["child_paths"]))] = None
+    manifest.write_text(json.dumps(doc))
+    key_file = "A" * 52
+    (root / key_file).write_text("x")
+    (root / "notes.txt").write_text("x")
+    report = tritonpack.verify(root)
+    broken = {g.path: g.detail for g in report.problems if g.state == "broken"}
+    assert broken.keys() == {f"{manifest.parent.name}/{manifest.name}", key_file}
+    group = f"{manifest.parent.name}/{manifest.name}"
+    assert "Triton's cache manager fails on its manifest (TypeError" in broken[group]
+    assert "ignored: 1 item: stray file at the root: notes.txt" in report.notes()
+    assert tritonpack.relocate(root).fixed == [f"{manifest.parent.name}/{manifest.name}"]
+    assert [g.path for g in tritonpack.verify(root).problems] == [key_file]
+
+
+def test_a_relative_cache_dir_s_manifests_are_relocated(tmp_path, root, monkeypatch):
+    """Triton under a relative TRITON_CACHE_DIR names the files relative to the working directory: verify said ok
+    from that directory only, and relocate left them."""
+    tritonpack.relocate(root)
+    for manifest in root.glob("*/__grp__*.json"):
+        doc = json.loads(manifest.read_text())
+        doc["child_paths"] = {n: os.path.relpath(p, tmp_path) for n, p in doc["child_paths"].items()}
+        manifest.write_text(json.dumps(doc))
+    monkeypatch.chdir(tmp_path)
+    report = tritonpack.verify(root)
+    assert report.problems and all("relative paths" in g.detail for g in report.problems)
+    assert len(tritonpack.relocate(root).fixed) == len(report.problems)
+    assert not tritonpack.verify(root).problems
+    for manifest in root.glob("*/__grp__*.json"):
+        assert all(os.path.isabs(p) for p in json.loads(manifest.read_text())["child_paths"].values())
+
+
 def test_verify_and_relocate_of_what_is_no_cache_root_are_errors(tmp_path, root, capsys):
     """The directory above a cache root (``~/.triton``), or any other: a health check must not pass on it."""
     from tritonpack.cli import main

@@ -205,15 +205,19 @@ def test_verify_asks_triton_at_its_root_and_leaves_the_process_alone(tmp_path, c
     assert tritonpack.relocate(root).fixed
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
     knobs = getattr(triton, "knobs", None)
-    if knobs is not None:  # 3.4+: the knob set by the program (which writes it to the environment too)
-        monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "set-by-the-program"))
-    environment = dict(os.environ)
-    report = tritonpack.verify(root)
-    assert report.resolved_by == "triton" and report.groups and not report.problems
-    assert dict(os.environ) == environment
-    if knobs is not None:
-        assert knobs.cache.dir == str(tmp_path / "set-by-the-program")
-    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "set-by-the-program").exists()
+    try:
+        if knobs is not None:  # 3.4+: the knob set by the program (which writes it to the environment too)
+            knobs.cache.dir = str(tmp_path / "set-by-the-program")
+        environment = dict(os.environ)
+        report = tritonpack.verify(root)
+        assert report.resolved_by == "triton" and report.groups and not report.problems
+        assert dict(os.environ) == environment
+        if knobs is not None:
+            assert knobs.cache.dir == str(tmp_path / "set-by-the-program")
+        assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "set-by-the-program").exists()
+    finally:  # the program's setting dropped (monkeypatch puts the environment back)
+        if knobs is not None:
+            del knobs.cache.dir
 
 
 def test_nvidia_gpus_are_found_through_nvidia_smi_on_the_path(tmp_path, monkeypatch):

@@ -332,8 +332,9 @@ def _read_json(path: str, size: int):
 
 
 def _inside(path, directory: str) -> bool:
-    """Whether a manifest's child path names a file of ``directory`` (``os.path.abspath`` only when in doubt)."""
-    if not isinstance(path, str):
+    """Whether a manifest's child path names a file of ``directory`` (``os.path.abspath`` only when in doubt). A
+    relative path (a relative ``TRITON_CACHE_DIR``) never does: Triton finds it from one working directory only."""
+    if not isinstance(path, str) or not os.path.isabs(path):
         return False
     parent, _, name = path.rpartition(os.sep)
     if parent == directory and name not in ("", ".", ".."):

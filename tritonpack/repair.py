@@ -30,6 +30,7 @@ class VerifyReport:
     groups: list[GroupState] = field(default_factory=list)
     resolved_by: str = "triton"  # or "emulated" when Triton is not importable
     other_skipped: int = 0
+    not_checked: list[tuple[str, str]] = field(default_factory=list)  # (path, reason): what Triton reads no group of
 
     @property
     def problems(self) -> list[GroupState]:
@@ -43,7 +44,14 @@ class VerifyReport:
         return f"verified {len(self.groups)} groups under {self.cache_dir} with {how}: {ok} ok, {verdict}"
 
     def notes(self) -> list[str]:
-        return _alike_lines((g.state, g.detail, g.path) for g in self.problems)
+        from .report import plural, shown
+
+        lines = _alike_lines((g.state, g.detail, g.path) for g in self.problems)
+        alike: dict[str, list[str]] = {}
+        for path, reason in self.not_checked:
+            alike.setdefault(reason, []).append(path)
+        return lines + [f"ignored: {plural(len(paths), 'item')}: {reason}: {shown(paths)}"
+                        for reason, paths in alike.items()]
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": not self.problems}
@@ -95,19 +103,26 @@ def _resolver():
     except Exception:
         FileCacheManager = None
 
-    def resolves(root: str, entry: LocalEntry) -> bool:
+    def resolves(root: str, entry: LocalEntry) -> bool | str:
+        """Whether the group resolves, or the error Triton's cache manager raises reading its manifest (a child
+        path that is no string: Triton's compile fails the same way)."""
         if FileCacheManager is not None:
             # Triton's own get_group, at this root: its __init__ would take the root from the process (the
             # environment, or 3.4+'s knobs, which a host program may have set), and setting it there would change
             # it for every thread of that program. Every version 3.0-3.9 keeps the key directory in cache_dir.
             manager = FileCacheManager.__new__(FileCacheManager)
             manager.key, manager.lock_path, manager.cache_dir = entry.key, None, os.path.join(root, entry.key)
-            group = manager.get_group(f"{entry.name}.json")
+            try:
+                group = manager.get_group(f"{entry.name}.json")
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
             return group is not None and f"{entry.name}.json" in group
         import json
 
         with open(os.path.join(root, entry.key, manifest_name(entry.name)), "rb") as f:
             children = json.load(f)["child_paths"]
+        if not all(isinstance(p, str) for p in children.values()):
+            return "a child path that is no string"
         return all(os.path.exists(p) for p in children.values())
 
     return resolves, ("triton" if FileCacheManager is not None else "emulated")
@@ -124,13 +139,33 @@ def _scanned(cache_dir: str):
 
 
 def _points_elsewhere(root: str, entry: LocalEntry) -> bool:
-    """Whether a group's manifest points into another root; not one that names its own files another way (the
-    root behind a symbolic link, ``~/.triton -> /cache``), which Triton reads as they are."""
+    """Whether a group's manifest points into another root, or names its files by relative paths (a relative
+    ``TRITON_CACHE_DIR``), which Triton finds from one working directory only; not one that names its own files
+    another way (the root behind a symbolic link, ``~/.triton -> /cache``), which Triton reads as they are."""
     if not entry.foreign_manifest:
         return False
     key_dir = os.path.join(root, entry.key)
     manifest = read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
     return not names_these_files(key_dir, manifest, names_of(entry.files))
+
+
+def _relative(root: str, entry: LocalEntry) -> bool:
+    manifest = read_manifest(os.path.join(root, entry.key, manifest_name(entry.name)))
+    children = manifest.get("child_paths") if isinstance(manifest, dict) else None
+    return isinstance(children, dict) and any(isinstance(p, str) and not os.path.isabs(p) for p in children.values())
+
+
+def _skipped_state(skipped) -> tuple[str, str] | None:
+    """The state of what the scan skipped, where it is a group's (or breaks Triton): None for what Triton ignores."""
+    from .cacheroot import KEY_PATTERN
+
+    problem = _group_problem(skipped.reason)
+    if problem is not None:
+        return problem, skipped.reason
+    if skipped.reason == "stray file at the root" and KEY_PATTERN.fullmatch(skipped.path):
+        return BROKEN, ("a file where a key directory goes: Triton fails (FileExistsError) when it compiles that "
+                        "key; remove it")
+    return None
 
 
 def verify(cache_dir: str) -> VerifyReport:
@@ -140,21 +175,30 @@ def verify(cache_dir: str) -> VerifyReport:
     for entry in (e for e in scan.entries if e.kind == GROUP):
         path = f"{entry.key}/{manifest_name(entry.name)}"
         ok = resolves(root, entry)
-        if _points_elsewhere(root, entry):
-            state = STALE if ok else BROKEN
-            detail = ("points into another root; Triton reads that root's files" if ok else
-                      "points into another root that is gone; Triton recompiles (tritonpack relocate fixes it)")
+        if isinstance(ok, str):
+            report.groups.append(GroupState(path, BROKEN, f"Triton's cache manager fails on its manifest ({ok}), and "
+                                                          "so does Triton's compile (tritonpack relocate fixes it)"))
+        elif _points_elsewhere(root, entry):
+            if _relative(root, entry):
+                state, detail = BROKEN, ("names its files by relative paths, which Triton finds from one working "
+                                         "directory only (tritonpack relocate fixes it)")
+            elif ok:
+                state, detail = STALE, "points into another root; Triton reads that root's files"
+            else:
+                state, detail = BROKEN, ("points into another root that is gone; Triton recompiles (tritonpack "
+                                         "relocate fixes it)")
             report.groups.append(GroupState(path, state, detail))
         elif not ok:
             report.groups.append(GroupState(path, BROKEN, "does not resolve through Triton's cache manager"))
         else:
             report.groups.append(GroupState(path, OK))
     for skipped in scan.skipped:
-        problem = _group_problem(skipped.reason)
+        problem = _skipped_state(skipped)
         if problem is None:
             report.other_skipped += 1
+            report.not_checked.append((skipped.path, skipped.reason))
         else:
-            report.groups.append(GroupState(skipped.path, problem, skipped.reason))
+            report.groups.append(GroupState(skipped.path, *problem))
     return report
 
 
