@@ -196,6 +196,23 @@ def test_verify_reports_what_breaks_triton_and_says_what_it_ignored(tmp_path, ro
     assert [g.path for g in tritonpack.verify(root).problems] == [key_file]
 
 
+@pytest.mark.parametrize("keep", [0, 1000, -1])
+def test_a_kernel_binary_cut_short_is_no_group_to_pack_nor_to_relocate(tmp_path, root, keep):
+    """A cubin emptied or cut short (a cp killed mid-file, a power loss before the data reached the disk) is a hit
+    for Triton, which then fails to load it: pack, verify and relocate report its group incomplete, where they
+    packed, passed and repointed it. Cubins end with their program headers, hsaco files with their section headers:
+    a cut of the last byte is seen too."""
+    cubin = next(root.glob("*/*.cubin"))
+    data = cubin.read_bytes()
+    cubin.write_bytes(data[:keep])
+    group = next(p for p in cubin.parent.glob("__grp__*.json"))
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    cut = [s for s in result.skipped if s.reason.startswith(f"incomplete group: {cubin.name} is cut short")]
+    assert [s.path for s in cut] == [f"{cubin.parent.name}/{group.name}"]
+    assert f"{cubin.parent.name}/{group.name}" in [g.path for g in tritonpack.verify(root).problems]
+    assert f"{cubin.parent.name}/{group.name}" not in tritonpack.relocate(root).fixed
+
+
 def test_a_relative_cache_dir_s_manifests_are_relocated(tmp_path, root, monkeypatch):
     """Triton under a relative TRITON_CACHE_DIR names the files relative to the working directory: verify said ok
     from that directory only, and relocate left them."""

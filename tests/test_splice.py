@@ -151,7 +151,7 @@ def test_cubins_that_do_not_derive_are_stored_whole_and_counted(tmp_path, compil
     cubins = sorted(root.glob("*/*.cubin"))
     ptx = cubins[0].with_suffix(".ptx")
     ptx.write_bytes(ptx.read_bytes() + b"\n// one line more than the cubin embeds\n")
-    cubins[1].write_bytes(b"not an ELF file" * 100)
+    cubins[1].write_bytes(b"\x7fELF\x02\x01".ljust(64, b"\0") + b"no text of its .ptx" * 100)  # an ELF header alone
     assert main(["pack", str(root), "-o", str(tmp_path / "k.tpack"), "--splice-ptx"]) == 0
     said = capsys.readouterr()
     assert f"2 of {len(cubins)} cubins stored whole" in said.out + said.err

@@ -314,6 +314,32 @@ def _readable(path: str, mode: int) -> bool:
     return mode & _READ_BY_ALL == _READ_BY_ALL or os.access(path, os.R_OK, effective_ids=_EFFECTIVE)
 
 
+KERNEL_BINARIES = (".cubin", ".hsaco")  # ELF64: CUDA's and ROCm's kernel objects
+
+
+def whole_elf(path: str, size: int) -> bool:
+    """Whether a kernel binary holds an ELF64 header and the tables it points to. One cut short (a copy killed
+    mid-file, a power loss between a write and its rename) or empty is a hit for Triton, which then fails to load
+    it, and never compiles it again. A file that cannot be read is another skip's to report."""
+    if size < 64:
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return True
+    if len(head) < 64 or head[:5] != b"\x7fELF\x02" or head[5] not in (1, 2):
+        return False
+    order = "little" if head[5] == 1 else "big"
+
+    def field(start: int, width: int) -> int:
+        return int.from_bytes(head[start:start + width], order)
+
+    programs = field(0x20, 8) + field(0x36, 2) * field(0x38, 2)  # e_phoff + e_phentsize * e_phnum
+    sections = field(0x28, 8) + field(0x3A, 2) * field(0x3C, 2)  # e_shoff + e_shentsize * e_shnum
+    return programs <= size and sections <= size
+
+
 def _read_json(path: str, size: int):
     """The parsed file, or None. One read of the scanned ``size`` and a byte more: no buffered file object, which
     costs more than the read for a small json (a file that grew since the scan is read to its end)."""
@@ -378,6 +404,12 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], unrea
     metadata = _read_json(f"{key_dir}{os.sep}{metadata_name}", files[metadata_name])
     if not isinstance(metadata, dict):
         skipped.append(Skipped(f"{key}/{metadata_name}", "unreadable kernel metadata"))
+        return None
+    cut = next((n for n in names if n.endswith(KERNEL_BINARIES) and not whole_elf(f"{key_dir}{os.sep}{n}", files[n])),
+               None)
+    if cut is not None:
+        skipped.append(Skipped(rel, f"incomplete group: {cut} is cut short (no whole ELF binary: Triton would take it "
+                                    "for a hit, and fail to load it)"))
         return None
     own_dir = os.path.abspath(key_dir)
     foreign = any(not _inside(path, own_dir) for path in children.values())
