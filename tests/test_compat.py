@@ -111,6 +111,13 @@ def test_no_gpu_is_reported_not_refused(tmp_path, compiled_root):
     assert any("no GPU visible" in note for note in report.unchecked)
 
 
+def test_the_unpack_summary_counts_what_it_put_in_place_of_what_the_archive_holds(tmp_path, compiled_root):
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    result = tritonpack.unpack(archive, tmp_path / "root", targets=["cuda:90"])
+    assert result.summary().startswith(f"unpacked {len(SOURCES)} of {len(SOURCES) * len(targets())} entries")
+
+
 def test_without_triton_nothing_could_be_checked(tmp_path, compiled_root, monkeypatch):
     archive = tmp_path / "k.tpack"
     tritonpack.pack(compiled_root, archive)
@@ -118,6 +125,9 @@ def test_without_triton_nothing_could_be_checked(tmp_path, compiled_root, monkey
     result = tritonpack.unpack(archive, tmp_path / "root")
     assert result.written == result.entries
     assert any("Triton is not importable" in line for line in result.notes())
+    report = tritonpack.check(archive)  # passes what it could check, and promises no hit
+    assert report.summary() == (f"all {len(report.verdicts)} entries pass what could be checked without Triton "
+                                "(install Triton to check the rest)")
 
 
 def test_launcher_stub_of_another_python_is_not_written(tmp_path, gpu_cache):

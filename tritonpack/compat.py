@@ -123,6 +123,11 @@ class CheckReport(NamedTuple):
         n, ok = len(self.verdicts), self.usable_count
         if n == 0:
             return "the archive holds no entries"
+        if self.environment.triton is None:  # nothing of Triton checked: no verdict may promise a hit
+            if ok < n:
+                return f"{ok} of {n} entries pass what could be checked without Triton; {n - ok} do not"
+            passing = "the entry passes" if n == 1 else f"all {n} entries pass"
+            return f"{passing} what could be checked without Triton (install Triton to check the rest)"
         if ok == n:
             return "the entry will be used here" if n == 1 else f"all {n} entries will be used here"
         return f"{ok} of {n} entries will be used here; {n - ok} will not"

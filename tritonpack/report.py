@@ -148,7 +148,9 @@ class UnpackResult(NamedTuple):
         if self.not_used_entries:
             parts.append(f"{self.not_used_entries} not used here (skipped)")
         count = plural(self.entries, "entry", "entries")
-        return (f"unpacked {count} ({count_words(self.kinds)}) into {self.cache_dir}: "
+        in_place = self.written + self.present + self.relinked + self.replaced
+        taken = count if in_place == self.entries else f"{in_place} of {count}"  # the rest kept or not used
+        return (f"unpacked {taken} ({count_words(self.kinds)}) into {self.cache_dir}: "
                 f"{', '.join(parts)}; {plural(self.files_written, 'file')}, {human_bytes(self.bytes_written)} "
                 f"in {self.seconds:.2f} s")
 
