@@ -191,7 +191,7 @@ def _client(ref: Reference, plain_http: bool | None):
         import oras.client
         import oras.logger
     except ImportError:
-        raise UsageError("OCI registries need the oras package: pip install 'tritonpack[oci]'", str(ref)) from None
+        raise UsageError("OCI registries need the oras package: pip install oras", str(ref)) from None
     oras_logging = oras.logger.logger.logger
     if not any(isinstance(h, logging.NullHandler) for h in oras_logging.handlers):
         oras_logging.addHandler(logging.NullHandler())

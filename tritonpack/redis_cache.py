@@ -78,7 +78,7 @@ def connect(url: str):
     try:
         import redis
     except ImportError:
-        raise UsageError("--to-redis needs the redis package: pip install 'tritonpack[redis]'", shown) from None
+        raise UsageError("--to-redis needs the redis package: pip install redis", shown) from None
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=SERVER_TIMEOUT[0], socket_timeout=SERVER_TIMEOUT[1])
     except ValueError as e:

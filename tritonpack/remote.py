@@ -394,7 +394,8 @@ class FsspecSource:
         try:
             import fsspec
         except ImportError:
-            raise UsageError("reading archives from URLs needs fsspec: pip install 'tritonpack[remote]'",
+            more = " huggingface_hub" if scheme == "hf" else ""  # the packages of the remote extra (and hf://'s)
+            raise UsageError(f"reading archives from URLs needs fsspec: pip install fsspec aiohttp{more}",
                              url) from None
         self._served = _served(url)
         self._tail: tuple[int, bytes] | None = None  # (offset, bytes) of the suffix read
