@@ -23,6 +23,18 @@ def archive(tmp_path, compiled_root):
     return path
 
 
+@pytest.mark.parametrize("command", ["unpack", "ensure", "verify", "relocate"])
+def test_a_root_under_a_file_is_named_with_that_file(tmp_path, archive, capsys, command):
+    """``--cache-dir model.py/cache``: the error names the root and the file in its way, where it named a key
+    directory under it that could not be read, or ensure's lock."""
+    (tmp_path / "model.py").write_text("x")
+    root = tmp_path / "model.py" / "cache"
+    code, _, err = cli(capsys, command, *([str(archive), "--cache-dir"] if command in ("unpack", "ensure") else []),
+                       str(root))
+    assert (code, err) == (4, f"error: {root}: cache directory is not a directory ({tmp_path / 'model.py'} is not "
+                              "a directory)\n")
+
+
 def test_rerun_is_idempotent(tmp_path, archive):
     root = tmp_path / "root"
     first = tritonpack.unpack(archive, root)

@@ -16,7 +16,7 @@ from .errors import CacheError, IncompatibleError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, named_version, naming_triton
 from .remote import open_source
 from .selection import EVERYTHING, Offered, Selection
-from .triton_env import cache_root, key_releases, releases_keyed_as
+from .triton_env import cache_root, key_releases, releases_keyed_as, resolved_root
 
 if TYPE_CHECKING:  # each function imports what it needs when called: `tritonpack list` starts faster
     from .cacheroot import LocalEntry
@@ -365,13 +365,6 @@ def preflight(reader: ArchiveReader, targets: list[str] | None, selection: Selec
     return array("I", (n for k, n in enumerate(selected) if usable(k))), report
 
 
-def _resolve_root(cache_dir) -> str:
-    root = os.path.abspath(cache_root(cache_dir))
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise CacheError("cache directory is not a directory", root)
-    return root
-
-
 def unpack(
     archive: str | os.PathLike,
     cache_dir: str | os.PathLike | None = None,
@@ -397,7 +390,7 @@ def unpack(
     from .workers import Launcher
 
     start = time.perf_counter()
-    root = _resolve_root(cache_dir)
+    root = resolved_root(cache_dir)
     selection = selection.checked()
     # Workers fork as soon as the block table is read, and decompress blocks while this process decodes the rest
     # of the index and compares the archive with the root.
@@ -436,11 +429,11 @@ def verify(cache_dir: str | os.PathLike | None = None) -> VerifyReport:
     """Ask Triton's own cache manager whether every group under the root resolves; flag stale and broken ones."""
     from .repair import verify as verify_root
 
-    return verify_root(_resolve_root(cache_dir))
+    return verify_root(resolved_root(cache_dir))
 
 
 def relocate(cache_dir: str | os.PathLike | None = None) -> RelocateReport:
     """Repair in place a cache copied by other means: manifests point into each group's own directory again."""
     from .repair import relocate as relocate_root
 
-    return relocate_root(_resolve_root(cache_dir))
+    return relocate_root(resolved_root(cache_dir))

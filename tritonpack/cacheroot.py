@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from .archive.index import MAX_META_DEPTH, valid_file_name
 from .errors import CacheError
@@ -330,7 +330,7 @@ def whole_elf(path: str, size: int) -> bool:
         return True
     if len(head) < 64 or head[:5] != b"\x7fELF\x02" or head[5] not in (1, 2):
         return False
-    order = "little" if head[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
 
     def field(start: int, width: int) -> int:
         return int.from_bytes(head[start:start + width], order)

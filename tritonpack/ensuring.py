@@ -53,7 +53,7 @@ from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
 from .gpus import cuda_hidden
 from .report import kept_lines, none_used, plural, reasons_to_dicts, root_only_lines
-from .triton_env import cache_root
+from .triton_env import resolved_root
 
 STAMP_VERSION = 2  # 2: the root and its key directories' mtimes, where 1 listed the manifests
 UNPACKED = "unpacked"  # this call wrote
@@ -476,7 +476,7 @@ def ensure(
 
     start = time.perf_counter()
     path = os.fspath(archive)
-    root = os.path.abspath(cache_root(cache_dir))
+    root = resolved_root(cache_dir)
     stamp_dir = os.path.join(root, STAMP_DIR)
     env_key = environment_key(targets)
     # A stream (``-``) gives its bytes once: its copy serves every opening below. A URL must hold one archive

@@ -11,7 +11,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 
-from .errors import UsageError
+from .errors import CacheError, UsageError
 from .model import PythonInfo, TritonInfo
 
 
@@ -93,6 +93,19 @@ def cache_root(cache_dir: str | os.PathLike | None) -> str:
     if not root.strip():
         raise UsageError("the cache directory given is empty (an unset variable?); leave it out for Triton's own")
     return os.path.expanduser(root)  # as a shell would, where none did: the API, or --cache-dir=~/cache
+
+
+def resolved_root(cache_dir: str | os.PathLike | None) -> str:
+    """The cache root, absolute; an error where it, or the first of its parents that exists, is no
+    directory (an error about a key directory under it would name the wrong path)."""
+    root = os.path.abspath(cache_root(cache_dir))
+    there = root
+    while not os.path.lexists(there) and os.path.dirname(there) != there:
+        there = os.path.dirname(there)
+    if os.path.exists(there) and not os.path.isdir(there):
+        why = "" if there == root else f" ({there} is not a directory)"
+        raise CacheError(f"cache directory is not a directory{why}", root)
+    return root
 
 
 def python_info() -> PythonInfo:
