@@ -316,7 +316,7 @@ def test_what_a_rename_cannot_replace_is_kept_and_named(tmp_path, archive, capsy
 
 # -- pack never changes its source --
 
-def test_pack_never_changes_its_source(tmp_path, compiled_root, capsys):
+def test_pack_never_changes_its_source(tmp_path, compiled_root, capsys, monkeypatch):
     source = tmp_path / "cache"
     shutil.copytree(compiled_root, source)
     before, listing = snapshot(source), tree(source)
@@ -328,6 +328,14 @@ def test_pack_never_changes_its_source(tmp_path, compiled_root, capsys):
         assert main(["pack", str(source), "-o", str(inside)]) == 2
         assert "inside the cache it packs" in capsys.readouterr().err
     assert tree(source) == listing
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("scanned a root whose archive has nowhere to go")
+
+    monkeypatch.setattr("tritonpack.cacheroot.scan_cache", no_scan)  # refused first: a large root's scan is long
+    assert main(["pack", str(source), "-o", str(tmp_path / "missing" / "k.tpack")]) == 4
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'missing' / 'k.tpack'}: cannot write the archive: "
+                                       f"{tmp_path / 'missing'} is not a directory\n")
 
 
 # -- permissions --

@@ -58,13 +58,16 @@ def progress_counter(total: int, progress: Progress | None):
 
 def refuse_output_inside(root: str, output, what: str = "the cache it packs") -> None:
     """Pack never changes its source, nor record the roots its command uses: not even an archive (or its temp
-    file) may land inside the root, nor the target of a link that ``-o`` names. ``what`` names the root."""
+    file) may land inside the root, nor the target of a link that ``-o`` names. ``what`` names the root. An ``-o``
+    in a directory that does not exist is refused here too, before the work whose archive it could not hold."""
     from .archivedest import STDOUT, destination
 
     target = destination(os.fspath(output))
     if target.path == STDOUT:
         return
     where = os.path.dirname(os.path.realpath(target.path))
+    if not os.path.isdir(where):
+        raise CacheError(f"cannot write the archive: {where} is not a directory", os.fspath(output))
     source = os.path.realpath(root)
     if os.path.isdir(source) and os.path.commonpath([where, source]) == source:
         raise UsageError(f"the archive would be written inside {what}; choose another -o", os.fspath(output))
