@@ -37,6 +37,24 @@ def test_pack_and_unpack_print_one_summary_line(tmp_path, gpu_cache):
     assert out.stdout.startswith("unpacked 9 entries") and "9 written" in out.stdout
 
 
+def test_an_archive_and_a_cache_taken_for_each_other_are_said_so(tmp_path, archive, gpu_cache, capsys):
+    """The mistakes of a first use: each error says what to type instead."""
+    cases = [
+        (["unpack", str(archive), str(tmp_path / "root")], 2,
+         "(the cache root goes after --cache-dir; see 'tritonpack unpack --help')"),
+        (["pack", str(archive), "-o", str(tmp_path / "k.tpack")], 4,
+         f"{archive}: not a directory (an archive: tritonpack unpack writes it into a cache directory)"),
+        (["unpack", str(gpu_cache)], 2,
+         f"{gpu_cache}: is a directory, not an archive (tritonpack pack makes one of a cache directory)"),
+        (["push", str(archive), "https://registry.example/kernels"], 2,
+         "push takes oci://REGISTRY[:PORT]/REPOSITORY[:TAG] or hf://ORG/REPO[@BRANCH]/PATH"),
+    ]
+    for argv, code, said in cases:
+        assert main(argv) == code
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "root").exists() and not (tmp_path / "k.tpack").exists()
+
+
 def test_list_table_reads_kernels_autotune_and_files(archive, capsys):
     assert main(["list", str(archive)]) == 0
     text = capsys.readouterr().out

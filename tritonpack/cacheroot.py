@@ -483,6 +483,18 @@ ITEMS_PER_PROCESS = 128  # a forked reader's least share of a root: fewer direct
 PACKED_KEYS = 8192
 
 
+def _an_archive(path: str) -> str:
+    """What to do with a file given for a cache root, if it is an archive."""
+    from .archive.format import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            is_archive = f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return ""
+    return " (an archive: tritonpack unpack writes it into a cache directory)" if is_archive else ""
+
+
 def scan_cache(root: str, processes: bool = False) -> CacheScan:
     """Every entry under ``root``, in sorted order, plus what was skipped. Reads, never writes. With
     ``processes``, forked processes read a large root's directories too, a run of them each (``forking``): the
@@ -490,7 +502,7 @@ def scan_cache(root: str, processes: bool = False) -> CacheScan:
     if not os.path.exists(root):
         raise CacheError("cache directory does not exist", root)
     if not os.path.isdir(root):
-        raise CacheError("not a directory", root)
+        raise CacheError(f"not a directory{_an_archive(root)}", root)
     try:
         items = sorted(os.scandir(root), key=lambda d: d.name)
     except OSError as e:

@@ -426,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__name__ == "NoArgsIsHelpError":  # the help text was printed already
             return 2
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        if e.ctx and e.ctx.info_name in ("unpack", "ensure") and "unexpected extra argument" in e.format_message():
+            hint = f" (the cache root goes after --cache-dir; see '{e.ctx.command_path} --help')"
         print_error(f"error: {e.format_message()}{hint}")
         return 2
     except ClickException as e:

@@ -354,6 +354,8 @@ def push(archive: str | os.PathLike, reference: str, *, plain_http: bool | None 
 
         return push_to_hub(archive, reference)
     start = time.perf_counter()
+    if scheme_of(reference) != "oci":
+        raise UsageError("push takes oci://REGISTRY[:PORT]/REPOSITORY[:TAG] or hf://ORG/REPO[@BRANCH]/PATH", reference)
     ref = parse_reference(reference)
     path, notes, digest, size = described(archive)
     layer = {"mediaType": LAYER_MEDIA_TYPE, "digest": digest, "size": size,

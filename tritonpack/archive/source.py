@@ -21,6 +21,9 @@ class ByteSource(Protocol):
     def close(self) -> None: ...
 
 
+_A_DIRECTORY = "is a directory, not an archive (tritonpack pack makes one of a cache directory)"
+
+
 def open_local(path: str, name: str | None = None) -> int:
     """A descriptor of the archive at ``path``, opened without blocking (so that a FIFO's open never waits for a
     writer); anything but a directory. Errors name ``name`` (the path by default): a missing path or a directory
@@ -34,12 +37,12 @@ def open_local(path: str, name: str | None = None) -> int:
     except FileNotFoundError:
         raise UsageError("no such archive", name) from None
     except IsADirectoryError:
-        raise UsageError("is a directory, not an archive", name) from None
+        raise UsageError(_A_DIRECTORY, name) from None
     except OSError as e:
         raise CacheError(f"cannot open: {e.strerror}", name) from None  # a filesystem's no (4), not usage
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UsageError("is a directory, not an archive", name)
+        raise UsageError(_A_DIRECTORY, name)
     return fd
 
 
