@@ -35,6 +35,30 @@ def test_a_root_under_a_file_is_named_with_that_file(tmp_path, archive, capsys, 
                               "a directory)\n")
 
 
+def test_another_user_s_key_directory_in_a_shared_root_is_kept_and_the_rest_written(tmp_path, archive,
+                                                                                     compiled_root):
+    """A root every user writes (mode 1777) where another user copied a group: this user may not write its key
+    directory, whose manifest needs relinking. That entry is kept, said with its reason, and every other one
+    written (the unpack failed whole, exit 4, naming the directory)."""
+    from conftest import without_root_powers
+
+    prefix = without_root_powers()
+    root = shutil.copytree(compiled_root, tmp_path / "shared")  # manifests name the compiled root: relinked
+    os.chmod(root, 0o1777)
+    theirs = sorted(p for p in root.iterdir())[0]
+    for path in (theirs, *theirs.iterdir()):
+        os.chown(path, 1000, 1000)
+    os.chmod(theirs, 0o755)
+    before = snapshot(theirs)
+    out = subprocess.run([*prefix, sys.executable, "-m", "tritonpack", "unpack", str(archive), "--cache-dir",
+                          str(root)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "1 kept (key directory not writable)" in out.stdout
+    assert "kept 1 entry whose key directory needs writing and is not writable by this user" in out.stderr
+    assert snapshot(theirs) == before
+    assert [g.path.split("/")[0] for g in tritonpack.verify(root).problems] == [theirs.name]
+
+
 def test_rerun_is_idempotent(tmp_path, archive):
     root = tmp_path / "root"
     first = tritonpack.unpack(archive, root)

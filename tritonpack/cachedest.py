@@ -31,6 +31,9 @@ LINKED = "linked"  # the key directory is a symbolic link: kept, never written t
 KEY_NOT_DIRECTORY = "key-not-directory"  # a file (anything but a directory) where the key directory goes: kept
 # (overwrite asked: REPLACE, and staging removes it)
 FILE_IS_DIRECTORY = "file-is-directory"  # a directory where one of its files goes: kept (no rename replaces it)
+# the key directory needs writing, and this process may not write it though it may write the root (another user's,
+# in a shared root): kept, so that the rest is written
+NOT_WRITABLE = "not-writable"
 
 
 class Placement(NamedTuple):
@@ -220,7 +223,17 @@ def place(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool,
     the plan began (``holds_nothing``); the commit compares again (``staging``), so an entry written meanwhile by
     another writer is still found. What a rename cannot replace keeps the entry as it is, named for why: a linked
     key directory, a file in its place (replaced only with ``overwrite``), a directory where a file goes (spec
-    §8.1)."""
+    §8.1); so does a key directory to write that this process may not write, in a root it may (another user's)."""
+    placement = _placement(root, entry, blobs, overwrite, fresh)
+    if placement.action in (WRITE, REPLACE, RELINK) and not fresh:
+        key_dir = os.path.join(root, entry.key)
+        if os.path.isdir(key_dir) and not os.access(key_dir, os.W_OK | os.X_OK) and \
+                os.access(root, os.W_OK | os.X_OK):  # a root it may not write fails the unpack, as before
+            return Placement(entry, blobs, NOT_WRITABLE)
+    return placement
+
+
+def _placement(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: bool, fresh: bool) -> Placement:
     if fresh:
         return Placement(entry, blobs, WRITE, every_file(len(entry.files)))
     key_dir = os.path.join(root, entry.key)

@@ -92,6 +92,7 @@ class EnsureResult:
     root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
     pinned: str = ""  # an hf:// URL at a branch: the same at the commit read, which names this archive alone
     relinked: int = 0  # entries whose files were there (a copied root): only their manifests written by this call
+    not_writable: list[str] = field(default_factory=list)  # kept: a key directory to write this user may not write
 
     @property
     def ok(self) -> bool:
@@ -109,7 +110,8 @@ class EnsureResult:
         lines = [f"archive not reachable: {self.unreachable}; trusted the stamp of the last ensure of this URL"
                  ] if self.unreachable else []
         lines += [f"not used here, {n}: {reason}" for reason, n in self.not_used]
-        lines += kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
+        lines += kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory,
+                            self.not_writable)
         lines += [f"not checked: {note}" for note in self.unchecked]
         if self.unstamped:
             lines.append(f"no stamp written ({self.unstamped}): the next ensure checks every entry again")
@@ -244,6 +246,7 @@ def _stamped(stamp: str, root: str, archive: str, waited: bool, start: float) ->
             archive=archive, cache_dir=root, digest=doc["digest"], status=UNUSABLE if doc["unusable"] else PRESENT,
             waited=waited, entries=doc["entries"], usable=doc["usable"], written=0, conflicts=doc["conflicts"],
             linked=doc.get("linked", []), key_not_directory=doc.get("key_not_directory", []),
+            not_writable=doc.get("not_writable", []),
             file_is_directory=doc.get("file_is_directory", []), not_used=[tuple(r) for r in doc["not_used"]],
             unchecked=doc["unchecked"], seconds=time.perf_counter() - start, stamp=stamp)
     except (OSError, ValueError, KeyError, TypeError):
@@ -308,6 +311,7 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
     return EnsureResult(archive, root, digest, UNPACKED if changed else PRESENT, False, result.entries, usable,
                         result.written, relinked=result.relinked, conflicts=result.conflicts, linked=result.linked,
                         key_not_directory=result.key_not_directory, file_is_directory=result.file_is_directory,
+                        not_writable=list(result.not_writable),
                         not_used=result.not_used, unchecked=result.unchecked, root_only=result.root_only), directories
 
 
@@ -385,7 +389,7 @@ def _write_stamp(stamp: str, result: EnsureResult, root: str, directories: dict[
     doc = {"stamp": STAMP_VERSION, "root": root, "directories": directories, "digest": result.digest,
            "unusable": result.status == UNUSABLE,
            "entries": result.entries, "usable": result.usable, "conflicts": result.conflicts,
-           "linked": result.linked, "key_not_directory": result.key_not_directory,
+           "linked": result.linked, "key_not_directory": result.key_not_directory, "not_writable": result.not_writable,
            "file_is_directory": result.file_is_directory,
            "not_used": result.not_used, "unchecked": result.unchecked}
     return _write_json(stamp, doc)

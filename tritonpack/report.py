@@ -133,6 +133,7 @@ class UnpackResult(NamedTuple):
     file_is_directory: list[str]  # kept: a directory where one of the entry's files goes (never removed)
     not_selected: int = 0  # entries of the archive that the selection (targets, kernel names) left out
     root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
+    not_writable: Sequence[str] = ()  # kept: its key directory needs writing, and this process may not write it
 
     def summary(self) -> str:
         parts = [f"{self.written} written", f"{self.present} already present"]
@@ -142,7 +143,8 @@ class UnpackResult(NamedTuple):
             parts.append(f"{self.replaced} replaced")
         for kept, why in ((self.conflicts, "differ"), (self.linked, "key directory is a symbolic link"),
                           (self.key_not_directory, "key directory is not a directory"),
-                          (self.file_is_directory, "a file is a directory")):
+                          (self.file_is_directory, "a file is a directory"),
+                          (self.not_writable, "key directory not writable")):
             if kept:
                 parts.append(f"{len(kept)} kept ({why})")
         if self.not_used_entries:
@@ -155,7 +157,8 @@ class UnpackResult(NamedTuple):
                 f"in {self.seconds:.2f} s")
 
     def notes(self) -> list[str]:
-        lines = kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory)
+        lines = kept_lines(self.conflicts, self.linked, self.key_not_directory, self.file_is_directory,
+                           self.not_writable)
         lines += left_out_lines(self.not_selected)
         lines += [f"skipped {entries(n)} that will not be used here: {reason}" for reason, n in self.not_used]
         if self.forced:
@@ -188,7 +191,17 @@ def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement],
                   root_only: str = "") -> UnpackResult:
     """What an unpack did, from the final placement of each entry the preflight's ``report`` checked (with
     ``force`` every entry it checked is placed, in its order: ``forced`` counts only those written)."""
-    from .cachedest import CONFLICT, FILE_IS_DIRECTORY, KEY_NOT_DIRECTORY, LINKED, PRESENT, RELINK, REPLACE, WRITE
+    from .cachedest import (
+        CONFLICT,
+        FILE_IS_DIRECTORY,
+        KEY_NOT_DIRECTORY,
+        LINKED,
+        NOT_WRITABLE,
+        PRESENT,
+        RELINK,
+        REPLACE,
+        WRITE,
+    )
 
     actions = Counter(p.action for p in placements)
 
@@ -223,11 +236,12 @@ def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement],
         file_is_directory=named(FILE_IS_DIRECTORY),
         not_selected=not_selected,
         root_only=root_only,
+        not_writable=named(NOT_WRITABLE),
     )
 
 
 def kept_lines(conflicts: list[str], linked: list[str], key_not_directory: list[str],
-               file_is_directory: list[str]) -> list[str]:
+               file_is_directory: list[str], not_writable: Sequence[str] = ()) -> list[str]:
     """One line per reason an unpack kept what the root holds, with a few of the entries."""
     reasons = (
         (conflicts, "existing {} whose content differs from the archive (--overwrite replaces them)"),
@@ -237,8 +251,10 @@ def kept_lines(conflicts: list[str], linked: list[str], key_not_directory: list[
                             "(--overwrite replaces it)"),
         (file_is_directory, "{} with a directory where one of its files goes (never removed, not even with "
                             "--overwrite)"),
+        (not_writable, "{} whose key directory needs writing and is not writable by this user (another user's, "
+                       "in a shared root: that user, or root, can unpack them)"),
     )
-    return [f"kept {len(kept)} {why.format('entry' if len(kept) == 1 else 'entries')}: {shown(kept)}"
+    return [f"kept {len(kept)} {why.format('entry' if len(kept) == 1 else 'entries')}: {shown(list(kept))}"
             for kept, why in reasons if kept]
 
 
