@@ -3,6 +3,9 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+from conftest import FIXTURES
+
 import tritonpack
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -37,3 +40,15 @@ def test_exported_functions_are_annotated():
         assert signature.return_annotation is not inspect.Signature.empty, name
         unannotated = [p for p, q in signature.parameters.items() if q.annotation is inspect.Parameter.empty]
         assert unannotated == [], name
+
+
+def test_a_path_with_a_nul_character_is_a_usage_error(tmp_path):
+    """Python's ValueError ("embedded null byte") escaped every function: a program catching TpackError missed it."""
+    archive = FIXTURES / "archives" / "triton-3.9.0.tpack"
+    calls = [lambda: tritonpack.unpack("a\0b", tmp_path), lambda: tritonpack.unpack(archive, f"{tmp_path}/\0"),
+             lambda: tritonpack.pack(f"{tmp_path}/\0", tmp_path / "k.tpack"),
+             lambda: tritonpack.pack(tmp_path, f"{tmp_path}/k\0.tpack"), lambda: tritonpack.check("a\0b"),
+             lambda: tritonpack.ensure(archive, f"{tmp_path}/\0"), lambda: tritonpack.verify(f"{tmp_path}/\0")]
+    for call in calls:
+        with pytest.raises(tritonpack.UsageError, match="NUL character"):
+            call()

@@ -39,6 +39,8 @@ def destination(output: str) -> Destination:
     """Where an archive named ``output`` goes, decided once for every command that writes one."""
     if not output.strip():
         raise UsageError("the archive's path given is empty (an unset variable?)")
+    if "\0" in output:
+        raise UsageError("the archive's path holds a NUL character", repr(output))
     if output == STDOUT:
         if os.isatty(1):  # refused before any work, as tar refuses: it would fill the terminal with binary
             raise UsageError("standard output is a terminal: pipe the archive into a command, or redirect it", output)

@@ -92,6 +92,8 @@ def cache_root(cache_dir: str | os.PathLike | None) -> str:
     root = os.fspath(cache_dir)
     if not root.strip():
         raise UsageError("the cache directory given is empty (an unset variable?); leave it out for Triton's own")
+    if "\0" in root:
+        raise UsageError("the cache directory's path holds a NUL character", repr(root))
     return os.path.expanduser(root)  # as a shell would, where none did: the API, or --cache-dir=~/cache
 
 

@@ -30,6 +30,8 @@ def open_local(path: str, name: str | None = None) -> int:
     is a usage error (2), a filesystem's no (permissions, too many open files) a cache error (4)."""
     if not path.strip():
         raise UsageError("the archive's path given is empty (an unset variable?)", name)
+    if "\0" in path:
+        raise UsageError("the archive's path holds a NUL character", repr(path))
     name = path if name is None else name
     path = os.path.expanduser(path)  # as a shell would, where none did (the API)
     try:
