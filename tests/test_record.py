@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -238,39 +240,88 @@ def test_parse_log_counts_uses_and_survives_torn_lines():
         ("/r", "KEY", "group", "add_kernel", [2, 0]), ("/r", "KEY", "file", "add_kernel.json", [0, 1])]
 
 
-def test_sigterm_reaches_the_recorded_command_and_packs_nothing(tmp_path):
-    """``timeout 60 tritonpack record -- CMD`` or a pod's end: the command is told and waited for, tritonpack
-    exits 143 with one line, and no archive is written (the command did not finish)."""
-    import signal
+@pytest.mark.parametrize(("signum", "shell"), [(signal.SIGTERM, False), (signal.SIGTERM, True),
+                                            (signal.SIGHUP, True), (signal.SIGINT, True)])
+def test_a_signal_reaches_every_process_of_the_recorded_command_and_packs_nothing(tmp_path, signum, shell):
+    """A SIGTERM (a pod's end), a SIGHUP, or a SIGINT sent to tritonpack alone (``kill -INT``, a container's stop
+    signal; no terminal here) reaches the command, and the Python a shell script runs under it: the shell alone was
+    told, or none for SIGINT, and the Python went on on its own."""
     import time
 
     started = tmp_path / "started"
     program = (f"import os, pathlib, signal, sys, time\n"
-               f"signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+               f"signal.signal({int(signum)}, lambda *a: sys.exit(7))\n"
                f"pathlib.Path({str(started)!r}).write_text(str(os.getpid()))\n"
                f"time.sleep(60)\n")
+    command = [sys.executable, "-c", program]
+    if shell:
+        command = ["bash", "-c", f"{shlex.join(command)}; echo after"]
     out = tmp_path / "k.tpack"
-    proc = subprocess.Popen([sys.executable, "-m", "tritonpack", "record", "-o", str(out), "--", sys.executable,
-                             "-c", program], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tritonpack", "record", "-o", str(out), "--", *command],
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not (started.exists() and started.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    child = int(started.read_text())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 143
-    assert proc.stderr.read() == "error: interrupted by SIGTERM\n"
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)  # told, ended, and reaped by tritonpack
+    python = int(started.read_text())
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 128 + signum
+    said = "interrupted" if signum == signal.SIGINT else f"interrupted by {signal.Signals(signum).name}"
+    assert proc.stderr.read().endswith(f"error: {said}\n")
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{python}") and time.monotonic() < deadline:  # a grandchild: reaped by init
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{python}")
     assert not out.exists() and os.listdir(tmp_path) == ["started"]
 
 
-def test_record_to_standard_output_keeps_the_command_s_output_out_of_the_archive(tmp_path):
-    """``record -o - -- CMD | ...``: standard output is the archive's, so the command's own goes to stderr."""
+def test_what_ran_past_the_recording_or_beside_it_is_said_and_does_not_break(tmp_path, full_root, monkeypatch):
+    """A process that compiled without the tracking manager (its environment cleared) wrote a key directory the
+    recording cannot attribute: it is said, where it was left out without a word. One the command left running
+    compiles after record has ended: it found the tracking manager's module gone (ModuleNotFoundError). A forked
+    child is a process of its own."""
+    import time
+
+    root = tmp_path / "root"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     (tmp_path / "compile.py").write_text(COMPILE)
-    done = subprocess.run([sys.executable, "-m", "tritonpack", "record", "-o", "-", "--", sys.executable,
+    later = tmp_path / "later.log"
+    program = textwrap.dedent(f"""
+        import multiprocessing, os, subprocess, sys
+        compile_py = {str(tmp_path / "compile.py")!r}
+        subprocess.run([sys.executable, compile_py, "0"], check=True)
+        bare = {{k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_MANAGER", "PYTHONPATH")}}
+        subprocess.run([sys.executable, compile_py, "1"], env=bare, check=True)
+        def child():
+            subprocess.run([sys.executable, compile_py, "0"], check=True)  # a hit: a use of its own
+            import runpy; sys.argv = [compile_py, "2"]; runpy.run_path(compile_py)
+        ctx = multiprocessing.get_context("fork"); p = ctx.Process(target=child); p.start(); p.join()
+        with open({str(later)!r}, "w") as log:
+            subprocess.Popen(["bash", "-c", f"sleep 2; {{sys.executable}} {{compile_py}} 1"], stdout=log, stderr=log,
+                             start_new_session=True)
+    """)
+    result = tritonpack.record([sys.executable, "-c", program], tmp_path / "k.tpack")
+    assert len(result.untracked) == 1 and result.untracked[0].startswith(str(root))
+    assert any("key directories written while the command ran by no process the recording tracked" in line
+               for line in result.notes())
+    assert {name for name, _ in groups_of(tmp_path / "k.tpack")} == {SOURCES[0][0].fn.__name__,
+                                                                      SOURCES[2][0].fn.__name__}
+    assert result.processes >= 3  # the program, its first compile's Python, the forked child
+    deadline = time.monotonic() + 60
+    while "compiled 1" not in (later.read_text() if later.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "compiled 1" in later.read_text() and "Error" not in later.read_text()
+
+
+@pytest.mark.parametrize("output", ["-", "/dev/stdout"])
+def test_record_to_standard_output_keeps_the_command_s_output_out_of_the_archive(tmp_path, output):
+    """``record -o - -- CMD | ...``: standard output is the archive's, so the command's own goes to stderr; and
+    with ``-o /dev/stdout`` (it went into the archive, which no reader could then read)."""
+    (tmp_path / "compile.py").write_text(COMPILE)
+    done = subprocess.run([sys.executable, "-m", "tritonpack", "record", "-o", output, "--", sys.executable,
                            "compile.py", "1"], cwd=tmp_path, capture_output=True,
                           env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "root")})
     assert done.returncode == 0, done.stderr
-    assert b"compiled 1" in done.stderr and b" -> -\n" in done.stderr
+    assert b"compiled 1" in done.stderr and f" -> {output}\n".encode() in done.stderr
     (tmp_path / "got.tpack").write_bytes(done.stdout)
     assert groups_of(tmp_path / "got.tpack") == {("softmax_kernel", "cuda:90")}

@@ -35,9 +35,10 @@ class LocalTriton(NamedTuple):
     cached: bool = False  # served from the fingerprint cache
 
 
-def _cache_home() -> str | None:
-    """Where fingerprints are kept; None with no home to keep them in (no ``HOME``, a user the password database
-    does not know, as ``docker run --user 12345`` gives): a directory named ``~`` in the working directory is none."""
+def cache_home() -> str | None:
+    """Where fingerprints (and record's tracking manager) are kept; None with no home to keep them in (no
+    ``HOME``, a user the password database does not know, as ``docker run --user 12345`` gives): a directory named
+    ``~`` in the working directory is none."""
     base = os.environ.get("XDG_CACHE_HOME")
     if not base:
         home = os.path.expanduser("~")
@@ -122,7 +123,7 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
         return None
     targets = set(targets)
     wanted = {f"{b}:{a}" for b, a, _ in targets}
-    home = _cache_home() if use_cache else None
+    home = cache_home() if use_cache else None
     path = os.path.join(home, f"fingerprint-{_installed_identity(package)[:24]}-"
                               f"{env_digest(os.environ)[:16]}.json") if home else None
     cached: dict = {}

@@ -1,6 +1,6 @@
 """The cache manager ``tritonpack record`` installs through Triton's ``TRITON_CACHE_MANAGER`` hook.
 
-Self-contained on purpose (standard library and Triton only): ``record`` copies this file to a private directory
+Self-contained on purpose (standard library and Triton only): ``record`` copies this file to a directory of its own
 on ``PYTHONPATH`` as ``tritonpack_record_hook``, so that any Python the recorded command starts can import it, with
 or without tritonpack installed. It serves exactly what Triton's own manager would serve and appends one JSON line
 per group hit, group write, file hit and file write to each log named in ``TRITONPACK_RECORD_LOG``
@@ -20,6 +20,8 @@ from triton.runtime.cache import FileCacheManager
 LOG_ENV = "TRITONPACK_RECORD_LOG"
 CHAIN_ENV = "TRITONPACK_RECORD_CHAIN"  # the user's own TRITON_CACHE_MANAGER, which this one extends
 _announced: set[str] = set()  # what this process has said about itself: "process", "key"
+if hasattr(os, "register_at_fork"):  # a forked child (multiprocessing's fork) is a process to say again
+    os.register_at_fork(after_in_child=_announced.clear)
 
 
 def _log(record: dict) -> None:

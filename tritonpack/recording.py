@@ -19,9 +19,10 @@ import importlib.util
 import json
 import os
 import shlex
-import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -78,6 +79,38 @@ def hook_environment(environ: Mapping[str, str], hook_dir: str, log_path: str) -
     env[LOG_ENV] = os.pathsep.join(logs)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook_dir, env.get("PYTHONPATH", "")]))
     return env
+
+
+def _hook_directory(work: str) -> str:
+    """Where the tracking manager's module goes for the command's PYTHONPATH: kept beside the fingerprints, one
+    directory a version of it, so that a process the command leaves running, which imports it at its first
+    compile, still finds it once record has ended and removed ``work`` (it failed there with ModuleNotFoundError;
+    its uses, logged to ``work``, are then lost, its compiles not). ``work`` itself where there is no home to keep
+    it in, or it cannot be written."""
+    import hashlib
+
+    from .cachedest import atomic_write
+    from .fingerprint import cache_home
+
+    with open(os.path.join(os.path.dirname(__file__), "record_hook.py"), "rb") as f:
+        source = f.read()
+    home = cache_home()
+    if home is not None:
+        directory = os.path.join(home, f"record-hook-{hashlib.sha256(source).hexdigest()[:16]}")
+        module = os.path.join(directory, f"{HOOK_MODULE}.py")
+        try:
+            with open(module, "rb") as f:
+                if f.read() == source:
+                    return directory
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            os.makedirs(directory, exist_ok=True)
+            atomic_write(directory, f"{HOOK_MODULE}.py", source)
+            return directory
+    with open(os.path.join(work, f"{HOOK_MODULE}.py"), "wb") as f:
+        f.write(source)
+    return work
 
 
 def parse_log(lines: Iterable[str]) -> RecordLog:
@@ -140,6 +173,7 @@ def select(log: RecordLog) -> Selection:
     for use in log.uses:
         by_root.setdefault(use.root, []).append(use)
     chosen: dict[tuple[str, str, str], LocalEntry] = {}
+    differing: set[tuple[str, tuple[str, str, str]]] = set()  # (root, entry) said once, not once a file used
     for root in sorted(by_root):
         uses = sorted(by_root[root], key=lambda u: (u.key, u.what != GROUP, u.name))
         scan = scan_keys(root, {u.key for u in uses})
@@ -158,7 +192,9 @@ def select(log: RecordLog) -> Selection:
                 continue
             ident = index_order(entry)
             if ident in chosen:
-                if chosen[ident] is not entry and not _same_content(chosen[ident], entry):
+                if chosen[ident] is not entry and (root, ident) not in differing and \
+                        not _same_content(chosen[ident], entry):
+                    differing.add((root, ident))
                     selection.not_packed.append(Skipped(
                         os.path.join(root, entry.key, entry.name),
                         "also used from another root with different content; packed once, from the first root"))
@@ -170,6 +206,24 @@ def select(log: RecordLog) -> Selection:
             more = f" and {len(names) - 1} more" if len(names) > 1 else ""
             selection.not_packed.append(Skipped(os.path.join(root, key, names[0]) + more, reason))
     return selection
+
+
+def _untracked(log: RecordLog, default_root: str | None, began: int) -> list[str]:
+    """Key directories of the roots the run used (and Triton's default one) that changed while it ran and that no
+    tracked process used: a kernel compiled where the recording could not see it (an own cache manager, an
+    environment without the recording's), which would otherwise be left out without a word."""
+    from .cacheroot import KEY_PATTERN
+
+    used = {(u.root, u.key) for u in log.uses}
+    found = []
+    for root in sorted({u.root for u in log.uses} | ({default_root} if default_root else set())):
+        with contextlib.suppress(OSError), os.scandir(root) as items:
+            for item in items:
+                with contextlib.suppress(OSError):
+                    if (root, item.name) not in used and KEY_PATTERN.fullmatch(item.name) and \
+                            item.is_dir(follow_symlinks=False) and item.stat().st_mtime_ns >= began:
+                        found.append(os.path.join(root, item.name))
+    return sorted(found)
 
 
 def _same_content(a: LocalEntry, b: LocalEntry) -> bool:
@@ -264,6 +318,7 @@ class RecordResult:
     foreign_manifests: int = 0
     producer_notes: list[str] = field(default_factory=list)
     triton_version: str | None = None
+    untracked: list[str] = field(default_factory=list)  # ROOT/KEY written during the run that no use names
 
     @property
     def written_archive(self) -> str:
@@ -285,8 +340,13 @@ class RecordResult:
     def notes(self) -> list[str]:
         lines = []
         if self.returncode != 0:
-            lines.append(f"the command exited with status {self.returncode}; packed what it used anyway "
-                         "(--allow-failure)")
+            lines.append(f"the command {_status(self.returncode)}; packed what it used anyway (--allow-failure)")
+        if self.untracked:
+            lines.append(f"not packed, {len(self.untracked)}: key directories written while the command ran by no "
+                         "process the recording tracked (one with its own TRITON_CACHE_MANAGER or "
+                         "triton.knobs.cache.manager_class, one started without the recording's environment, or "
+                         f"another program using the root): {', '.join(self.untracked[:3])}"
+                         f"{', ...' if len(self.untracked) > 3 else ''}")
         by_reason: dict[str, list[str]] = {}
         for s in self.not_packed:
             by_reason.setdefault(s.reason, []).append(s.path)
@@ -312,10 +372,10 @@ def _run(command: Sequence[str], env: Mapping[str, str], stdout: int | None) -> 
         raise UsageError("command not found", command[0]) from None
     except OSError as e:
         raise UsageError(f"cannot run: {e.strerror}", command[0]) from None
-    with _forwarding_sigterm(proc) as received:
+    with _forwarding_signals(proc) as received:
         try:
             returncode = proc.wait()
-        except KeyboardInterrupt:  # the terminal interrupted the command too: let it finish its own way
+        except KeyboardInterrupt:  # the command was interrupted too: let it finish its own way
             proc.wait()
             raise
     if received:  # stopped as a whole (``timeout``, a pod's end): the command was told, and nothing is packed
@@ -323,21 +383,68 @@ def _run(command: Sequence[str], env: Mapping[str, str], stdout: int | None) -> 
     return returncode
 
 
-@contextlib.contextmanager
-def _forwarding_sigterm(proc: subprocess.Popen):
-    """A SIGTERM to tritonpack while the command runs goes to the command too, which runs in its own process and
-    would otherwise go on alone; yields the signals received (``archivedest.handling_sigterm`` says where)."""
-    from .archivedest import handling_sigterm
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (Linux's ``/proc``; ``pid`` alone elsewhere): a shell script's command
+    runs in a grandchild, which a signal to the shell alone leaves running."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{name}/stat", "rb") as f:
+                        parent = int(f.read().rpartition(b")")[2].split()[1])
+                    children.setdefault(parent, []).append(int(name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
 
+
+def _from_a_terminal() -> bool:
+    """Whether this process's group is a terminal's foreground group, which a Ctrl-C there interrupts whole, the
+    command with it: a SIGINT then is not passed on again (an interrupted cleanup would be interrupted twice)."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def _forwarding_signals(proc: subprocess.Popen):
+    """A SIGTERM or SIGHUP to tritonpack while the command runs goes to the command and every process under it
+    (a shell script's), which would otherwise go on alone; a SIGINT too, where it was not a terminal's Ctrl-C that
+    reached them already (``kill -INT``, a container's stop signal). Only where the signal would end tritonpack
+    (its default action) and from the main thread, where Python runs handlers; yields the SIGTERMs and SIGHUPs
+    received."""
     received: list[int] = []
+
+    def tell(signum: int) -> None:
+        for pid in _process_tree(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
     def forward(signum: int, frame) -> None:
         received.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        tell(signum)
 
-    with handling_sigterm(forward):
+    def interrupted(signum: int, frame) -> None:
+        if not _from_a_terminal():
+            tell(signum)
+        raise KeyboardInterrupt
+
+    handlers = {signal.SIGTERM: forward, signal.SIGHUP: forward, signal.SIGINT: interrupted}
+    installed = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+                installed[signum] = signal.signal(signum, handler)
+    try:
         yield received
+    finally:
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
 
 
 def _default_root() -> str | None:
@@ -390,11 +497,10 @@ def record(
         raise CacheError("cannot write the archive there (checked before running the command)", os.fspath(output))
     created = source_date_epoch()
     start = time.perf_counter()
+    began = time.time_ns() - 50_000_000  # filesystems stamp from a coarser clock, up to a tick behind
     with tempfile.TemporaryDirectory(prefix="tritonpack-record-") as work:
-        shutil.copyfile(os.path.join(os.path.dirname(__file__), "record_hook.py"),
-                        os.path.join(work, f"{HOOK_MODULE}.py"))
         log_path = os.path.join(work, "events.jsonl")
-        returncode = _run(command, hook_environment(os.environ, work, log_path), stdout)
+        returncode = _run(command, hook_environment(os.environ, _hook_directory(work), log_path), stdout)
         lines: list[str] = []
         with contextlib.suppress(FileNotFoundError), open(log_path, encoding="utf-8", errors="replace") as f:
             lines = f.readlines()
@@ -437,4 +543,5 @@ def record(
         producer_notes=producer_notes + ([f"{log.bad_lines} unreadable line(s) in the event log were ignored"]
                                          if log.bad_lines else []),
         triton_version=info.triton.version if info.triton else None,
+        untracked=_untracked(log, default_root, began),
     )
