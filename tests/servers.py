@@ -416,6 +416,9 @@ FILE_SERVER_MODES = {
     "gzip-ranges": "206 for each range asked, gzipped (Content-Encoding: gzip) whatever Accept-Encoding says",
     "wrong-range": "206 with the file's first bytes, whatever range was asked",
     "unsaid-total": "206 for each range asked, its total unsaid (Content-Range: bytes 0-63/*); HEAD says the size",
+    "long-body": "206 with the Content-Range asked, and a body 64 MB longer (a server that sends whole files)",
+    "short-body": "206 with the Content-Range asked, and a body of half of it",
+    "dropped-once": "206 as asked, but the first reply of each range ends halfway, its connection closed",
 }
 
 
@@ -424,6 +427,8 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
     """A server on 127.0.0.1 that serves the file at ``path`` under any name, misbehaving as servers and proxies
     found in the wild do (``FILE_SERVER_MODES``); yields its URL."""
     import gzip
+
+    dropped: dict[tuple[int, int], int] = {}  # "dropped-once": the ranges whose first reply was cut
 
     class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
@@ -438,6 +443,19 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
                 start, end = 0, end - start
             headers = {"Content-Range": f"bytes {start}-{end - 1}/{'*' if mode == 'unsaid-total' else len(data)}"}
             body = data[start:end]
+            if mode == "long-body":
+                body += bytes(64 << 20)
+            elif mode == "short-body":
+                body = body[:len(body) // 2]
+            elif mode == "dropped-once" and dropped.setdefault(span, 0) == 0:
+                dropped[span] = 1
+                self.send_response(206)
+                self.send_header("Content-Range", headers["Content-Range"])
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:len(body) // 2])
+                self.close_connection = True
+                return
             if mode == "gzip-ranges":
                 body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
             self.answer(206, body, chunked=mode == "chunked-ranges", headers=headers)

@@ -396,3 +396,16 @@ def test_a_local_archive_gone_since_is_still_an_error(tmp_path, archive, capsys)
     for location in (str(archive), archive.as_uri()):
         assert main(["ensure", location, "--cache-dir", str(root)]) == 2
         assert "no such archive" in capsys.readouterr().err
+
+
+def test_an_archive_replaced_between_its_digest_and_its_unpack_is_not_stamped(tmp_path, archive, monkeypatch):
+    """A URL served without validators (no ETag, no Last-Modified) whose archive is replaced by one of the same size
+    after ensure read its digest: the stamp named the first archive's digest over the second's entries."""
+    from tritonpack import api
+
+    real = api.unpack
+    monkeypatch.setattr(api, "unpack", lambda *args, **kwargs: real(*args, **kwargs)._replace(digest="0" * 64))
+    root = tmp_path / "root"
+    with pytest.raises(tritonpack.RemoteError, match="the archive changed on the server while it was read"):
+        tritonpack.ensure(archive, root)
+    assert not [p for p in (root / ".tritonpack").iterdir() if p.name.startswith("ensure-")]

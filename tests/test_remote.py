@@ -175,7 +175,8 @@ def test_a_server_that_never_answers_times_out_in_one_line(monkeypatch, capsys):
         server.server_close()
         thread.join()
     err = capsys.readouterr().err
-    assert err == f"error: {url}: timed out\n", err
+    assert err == (f"error: {url}: timed out (no answer within 5 s of connecting, or 0.3 s between two reads, or a "
+                   "reply slower than 64 KiB/s past its first minute)\n"), err
 
 
 def test_every_timeout_of_the_http_stack_is_said_timed_out():

@@ -68,7 +68,9 @@ def listing(location: str, capsys) -> dict:
 
 
 def one_line_error(capsys, url: str) -> str:
+    """The one error line, said of the URL as output shows it (no signed query, no password)."""
     err = capsys.readouterr().err
+    url = url.split("?")[0]
     assert err.startswith(f"error: {url}: ") and err.count("\n") == 1, err
     return err.removeprefix(f"error: {url}: ").rstrip("\n")
 
@@ -272,17 +274,48 @@ def test_a_server_that_ignores_range_is_refused_at_its_first_reply(server, tmp_p
     ("gzip-ranges", "the server sent the archive compressed (Content-Encoding: gzip), so the bytes of its replies "
                     "are not the archive's: serve it without a Content-Encoding"),
     ("wrong-range", f"the server answered bytes 0-{TRAILER_SIZE - 1} where bytes=-{TRAILER_SIZE} was asked"),
+    ("long-body", "the server answered bytes {span} in a body of {length} bytes"),
+    ("short-body", "the server answered bytes {span} in a body of {length} bytes"),
 ])
 def test_replies_that_are_not_the_bytes_asked_for_are_refused_before_they_are_read(archive, tmp_path, capsys, mode,
                                                                                    message):
     """Not an error that blames the archive (corrupt, truncated): the transport is at fault, and is named."""
     assert mode in FILE_SERVER_MODES
+    size = archive.stat().st_size
+    span = f"{size - TRAILER_SIZE}-{size - 1}"  # the first range asked: the trailer
+    length = {"long-body": TRAILER_SIZE + (64 << 20), "short-body": TRAILER_SIZE // 2}.get(mode)
     with file_server(archive, mode) as base:
         url = f"{base}/k.tpack"
         for command in (["list", url], ["unpack", url, "--cache-dir", str(tmp_path / "root")]):
             assert main(command) == 7
-            assert one_line_error(capsys, url) == message
+            assert one_line_error(capsys, url) == message.format(span=span, length=length)
     assert not (tmp_path / "root").exists()
+
+
+def test_a_connection_dropped_within_a_reply_is_asked_again(archive, tmp_path, capsys):
+    """A reply whose connection ends before its Content-Length (a proxy's idle cut, a backend restarting): asked
+    again, as a dropped connection before its reply is (it failed the read, with aiohttp's repr)."""
+    assert main(["unpack", str(archive), "--cache-dir", str(tmp_path / "file")]) == 0
+    with file_server(archive, "dropped-once") as base:
+        assert main(["unpack", f"{base}/k.tpack", "--cache-dir", str(tmp_path / "url")]) == 0
+    same_tree(tmp_path / "file", tmp_path / "url")
+
+
+def test_a_url_s_password_and_signed_query_are_never_shown_nor_kept(archive, server, tmp_path, capsys):
+    """A URL's user:password and its query (a signed URL's signature) are credentials: they were in every error,
+    summary and --json document, and in ensure's record of the URL, a file in the cache root."""
+    secret = server.url.replace("http://", "http://alice:s3cret@") + "/k.tpack?X-Amz-Signature=SIGSECRET"
+    missing = secret.replace("/k.tpack", "/missing.tpack")
+    root = tmp_path / "root"
+    commands = [["list", secret], ["list", secret, "--json"], ["check", secret, "--json"], ["list", missing],
+                ["list", missing, "--json"], ["unpack", secret, "--cache-dir", str(tmp_path / "unpacked"), "--json"],
+                ["ensure", secret, "--cache-dir", str(root)], ["ensure", secret, "--cache-dir", str(root), "--json"]]
+    for command in commands:
+        main(command)
+        said = "".join(capsys.readouterr())
+        assert "s3cret" not in said and "SIGSECRET" not in said and "127.0.0.1" in said, said
+    kept = [p for p in (root / ".tritonpack").iterdir() if p.name.startswith("ensure-url-")]
+    assert kept and not any("s3cret" in p.read_text() or "SIGSECRET" in p.read_text() for p in kept)
 
 
 def test_ranges_streamed_or_behind_gzip_on_are_read_as_they_are(archive, server, tmp_path, capsys):

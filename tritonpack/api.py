@@ -14,7 +14,7 @@ from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, named_version, naming_triton
-from .remote import open_source
+from .remote import open_source, shown
 from .selection import EVERYTHING, Offered, Selection
 from .triton_env import cache_root, key_releases, releases_keyed_as, resolved_root
 
@@ -413,9 +413,10 @@ def unpack(
         written = materialize(reader, root, placements, on_file=progress_counter(total, progress),
                               workers=launcher.workers if launcher else None, overwrite=overwrite)
         # As done: an entry completed meanwhile by another writer is not rewritten
-        return unpack_result(os.fspath(archive), root, written.placements, report, force, written.files,
+        return unpack_result(shown(os.fspath(archive)), root, written.placements, report, force, written.files,
                              written.bytes, time.perf_counter() - start, reader.index.unknown_entries,
-                             not_selected=len(every) - len(report.verdicts), root_only=root_only(written.files))
+                             not_selected=len(every) - len(report.verdicts), root_only=root_only(written.files),
+                             digest=reader.digest)
 
 
 def _taken(entry: Entry, keep: list[int]) -> tuple[Entry, tuple[int, ...] | None]:

@@ -143,14 +143,15 @@ def since_time(text: str | None) -> float | None:
 def list_output(archive: str, as_json: bool = False, quiet: bool = False) -> Output:
     from . import api
     from .listing import entry_to_dict, info_to_dict, table_lines
+    from .remote import shown
 
     with api.open(archive) as reader:
         if as_json:  # before quiet, as every command's JSON is (``reported``)
-            return Output(to_json({"archive": archive, **info_to_dict(reader.info, reader.digest),
+            return Output(to_json({"archive": shown(archive), **info_to_dict(reader.info, reader.digest),
                                    "entries": [entry_to_dict(e) for e in reader.entries]}))
         if quiet:
             return Output()
-        return Output(table_lines(reader.info, reader.entries, archive))  # escaped there, cell by cell
+        return Output(table_lines(reader.info, reader.entries, shown(archive)))  # escaped there, cell by cell
 
 
 def check_output(archive: str, target: list[str] | None = None, as_json: bool = False,
@@ -158,8 +159,10 @@ def check_output(archive: str, target: list[str] | None = None, as_json: bool = 
     """Exit status: 0 all entries usable, 6 some are not, 5 none is."""
     from . import api
     from .listing import check_lines, check_to_dict
+    from .remote import shown
 
     report = api.check(archive, targets=target or None)
+    archive = shown(archive)
     code = 5 if report.verdicts and not report.usable_count else 6 if report.unusable_count else 0
     if as_json:
         return Output(to_json(check_to_dict(report, archive)), code=code)

@@ -295,6 +295,7 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
             processes: bool) -> tuple[EnsureResult, dict[str, int]]:
     from .api import open as open_archive
     from .api import unpack
+    from .remote import shown
 
     try:
         result = unpack(archive, root, targets=targets, processes=processes)
@@ -304,6 +305,9 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
             raise
         return EnsureResult(archive, root, digest, UNUSABLE, False, len(report.verdicts), 0, 0,
                             not_used=report.reasons(), unchecked=report.unchecked), {}
+    if result.digest != digest:  # a URL's archive replaced between the digest read and the unpack, unseen
+        raise RemoteError("the archive changed on the server while it was read (its digest is not the one read "
+                          "first): try again", shown(archive))
     with open_archive(archive) as reader:
         directories = _directories(root, {e.key for e in reader.entries})
     usable = result.entries - result.not_used_entries
@@ -316,16 +320,22 @@ def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
 
 
 def _location_record(stamp_dir: str, location: str, env_key: str) -> str:
-    """The file that says which digest ``location`` had at its last ensure in this environment."""
+    """The file that says which digest ``location`` had at its last ensure in this environment. It names the URL by
+    its digest and as output shows it (``remote.shown``): its password or signed query never reach the disk."""
     name = hashlib.sha256(json.dumps([location, env_key]).encode()).hexdigest()[:32]
     return os.path.join(stamp_dir, f"ensure-url-{name}.json")
+
+
+def _url_digest(location: str) -> str:
+    return hashlib.sha256(location.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _recorded_digest(record: str, location: str, env_key: str) -> str | None:
     try:
         with open(record, encoding="utf-8") as f:
             doc = json.load(f)
-        if doc.get("stamp") != STAMP_VERSION or [doc.get("location"), doc.get("environment")] != [location, env_key]:
+        if doc.get("stamp") != STAMP_VERSION or \
+                [doc.get("location_sha256"), doc.get("environment")] != [_url_digest(location), env_key]:
             return None
         digest = doc["digest"]
         return digest if isinstance(digest, str) else None
@@ -350,7 +360,10 @@ def _record_location(record: str, location: str, env_key: str, digest: str) -> s
     be written, else ""."""
     if _recorded_digest(record, location, env_key) == digest:
         return ""
-    return _write_json(record, {"stamp": STAMP_VERSION, "location": location, "environment": env_key,
+    from .remote import shown
+
+    return _write_json(record, {"stamp": STAMP_VERSION, "location": shown(location),
+                                "location_sha256": _url_digest(location), "environment": env_key,
                                 "digest": digest})
 
 
@@ -475,11 +488,12 @@ def ensure(
     input) is read whole at every call: its digest is in the trailer at its end. An hf:// URL at a commit is not
     read at all once ensured.
     """
-    from .remote import same_archives
+    from .remote import same_archives, shown
     from .streams import kept_streams
 
     start = time.perf_counter()
     path = os.fspath(archive)
+    public = shown(path)  # what the results and the URL's record on disk say: no password, no signed query
     root = resolved_root(cache_dir)
     stamp_dir = os.path.join(root, STAMP_DIR)
     env_key = environment_key(targets)
@@ -502,7 +516,8 @@ def ensure(
                     unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
                     result.unstamped = result.unstamped or unrecorded
                 result.pinned = "" if at_commit else _at_commit_read(path)
+    result.archive = public
     result.seconds = time.perf_counter() - start
     if strict and result.status == UNUSABLE:
-        raise IncompatibleError(none_used(result.entries, result.not_used), path, result=result)
+        raise IncompatibleError(none_used(result.entries, result.not_used), public, result=result)
     return result

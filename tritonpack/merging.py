@@ -31,7 +31,7 @@ from .archivesource import ArchiveEntry, BlobStore, archive_entry
 from .compat import attributed, compiler_of, could_write
 from .errors import ConflictError, UsageError
 from .model import GROUP, ArchiveInfo, Entry, TritonInfo, manifest_name, naming_triton
-from .remote import file_url_path, open_source, scheme_of
+from .remote import file_url_path, open_source, scheme_of, shown
 from .report import count_words, human_bytes, kind_counts, left_out_lines, plural
 from .report import entries as count_entries
 from .selection import EVERYTHING, Offered, Selection
@@ -324,7 +324,7 @@ def merge(
         return MergeResult(
             archive=os.fspath(output),
             inputs=[MergeInput(
-                archive=names[n], digest=r.digest, entries=len(r.entries), contributed=contributed[n],
+                archive=shown(names[n]), digest=r.digest, entries=len(r.entries), contributed=contributed[n],
                 triton_version=r.info.triton.version if r.info.triton else None,
                 triton_key_sha256=r.info.triton.key_sha256 if r.info.triton else None,
                 python=f"{r.info.python.cache_tag} {r.info.python.platform}" if r.info.python else None,

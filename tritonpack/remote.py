@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP = ("http", "https")
 SERVER_TIMEOUT = (10, 60)  # seconds: to connect, and between two reads of an answer (HTTP, registries, Redis)
+MIN_RATE = 64 * 1024  # bytes a second: a range's reply slower than this, past its first minute, times out (HTTP)
 S3_ATTEMPTS = 3  # botocore's standard retries: throttling, 5xx, timeouts; s3fs's own loop is not added on top
 HTTP_ATTEMPTS = 3  # the same over HTTP: a 429 or 5xx reply, or a connection the server dropped, is asked again
 RETRY_AFTER_LIMIT = 20  # seconds: a reply that asks to wait longer (Retry-After) fails at once
@@ -204,6 +205,9 @@ def _http_trace(served: _Served):
                     (int(first), int(last)) != _expected_range(asked, total):
                 raise _Refused(f"the server answered bytes {span} where {params.headers['Range']} was asked")
             served.same_archive(int(total_text) if total_text.isdigit() else None, response.headers)
+            length = response.headers.get("Content-Length", "")
+            if first.isdigit() and last.isdigit() and length.isdigit() and int(length) != int(last) - int(first) + 1:
+                raise _Refused(f"the server answered bytes {span} in a body of {length} bytes")
         if response.history:  # a good reply where redirects led: later reads go there
             served.location = str(response.url)
 
@@ -241,6 +245,8 @@ def describe_failure(error: BaseException) -> str:
         if type(error).__name__ == "ClientProxyConnectionError":  # aiohttp's, of HTTPS_PROXY or HTTP_PROXY
             where = f" the proxy{where} (HTTPS_PROXY, HTTP_PROXY; NO_PROXY names the hosts reached without it)"
         return f"cannot connect to{where}: {cause.strerror}"
+    if type(error).__name__ == "ClientPayloadError":  # aiohttp's: the body ended before its Content-Length
+        return "the server dropped the connection within its reply"
     if _is_timeout(error):
         return "timed out"
     if type(error).__name__ in ("ReadTimeoutError", "ConnectTimeoutError"):  # botocore's, after its retries
@@ -289,6 +295,19 @@ def _refused_link(error: Exception) -> bool:
     """Whether a redirect target answered that it serves the archive no more: 404 (fsspec's FileNotFoundError), or
     another 4xx (aiohttp's ``ClientResponseError``: an expired signature's 403, a 410)."""
     return isinstance(error, FileNotFoundError) or 400 <= (getattr(error, "status", 0) or 0) < 500
+
+
+def shown(location: str) -> str:
+    """A location as output may show it: an http(s) URL without its user, password and query (a signed URL's query
+    is a credential), which errors, summaries, ``--json`` and ``ensure``'s records on disk would otherwise carry;
+    anything else as it is."""
+    if scheme_of(location) not in _HTTP or not _SCHEME.sub("", location).split("/", 1)[0]:
+        return location  # not a URL of a host: nothing to hide, and nothing yarl would keep
+    try:
+        return _public(location)
+    except ValueError:  # not a URL yarl can read (a bad port): its scheme and host alone
+        scheme, rest = location.split("://", 1)
+        return f"{scheme}://{rest.split('/', 1)[0].rpartition('@')[2]}"
 
 
 def _public(url) -> str:
@@ -358,9 +377,20 @@ def _again_in(error: Exception, attempt: int) -> float | None:
         after = str((getattr(error, "headers", None) or {}).get("Retry-After", "")).strip()
         if after.isdigit():
             return float(after) if int(after) <= RETRY_AFTER_LIMIT else None
-    elif type(error).__name__ != "ServerDisconnectedError":  # aiohttp's
-        return None
+    elif type(error).__name__ not in ("ServerDisconnectedError", "ClientPayloadError"):  # aiohttp's: dropped, before
+        return None  # its reply or within its body
     return 0.5 * 2 ** attempt
+
+
+def _deadline(start: int | None, end: int | None):
+    """A range's whole time: its reply may take a minute, and a second more every ``MIN_RATE`` bytes of it. The
+    session's timeouts bound the wait between two reads, which a server that sends a byte now and then never
+    reaches: it held a read, and a pod's ensure, for as long as it went on."""
+    import aiohttp
+
+    length = end - start if start is not None and end is not None and start >= 0 else TRAILER_SIZE
+    return aiohttp.ClientTimeout(total=SERVER_TIMEOUT[1] + length / MIN_RATE, sock_connect=SERVER_TIMEOUT[0],
+                                 sock_read=SERVER_TIMEOUT[1])
 
 
 def _asked_again(fn, *args, **kwargs):
@@ -387,16 +417,16 @@ class FsspecSource:
     """
 
     def __init__(self, url: str):
-        self.name = url
+        self.name = shown(url)
         scheme = scheme_of(url)
         if scheme in _HTTP and not _SCHEME.sub("", url).split("/", 1)[0]:
-            raise UsageError("not a URL of an archive: it names no host", url)
+            raise UsageError("not a URL of an archive: it names no host", self.name)
         try:
             import fsspec
         except ImportError:
             more = " huggingface_hub" if scheme == "hf" else ""  # the packages of the remote extra (and hf://'s)
             raise UsageError(f"reading archives from URLs needs fsspec: pip install fsspec aiohttp{more}",
-                             url) from None
+                             self.name) from None
         self._served = _served(url)
         self._tail: tuple[int, bytes] | None = None  # (offset, bytes) of the suffix read
         self._size: int | None = None
@@ -422,13 +452,13 @@ class FsspecSource:
                 self._fs, self._path = fsspec.core.url_to_fs(url)
         except ImportError as e:
             raise UsageError(f"{scheme}:// needs a package that is not installed ({' '.join(str(e).split())})",
-                             url) from None
+                             self.name) from None
         except ValueError as e:
             if "Protocol not known" in str(e):
-                raise UsageError(f"unknown URL scheme {scheme}://", url) from None
-            raise UsageError(describe_failure(e), url) from None
+                raise UsageError(f"unknown URL scheme {scheme}://", self.name) from None
+            raise UsageError(describe_failure(e), self.name) from None
         except Exception as e:  # a backend that connects as it is made (ftp://, github://) or reads a chained
-            raise RemoteError(describe_failure(e), url) from None  # URL's container (zip://...::file://...)
+            raise RemoteError(describe_failure(e), self.name) from None  # URL's container (zip://...::file://...)
         self._http = scheme in _HTTP or self._hub is not None
 
     def _call(self, fn, *args, **kwargs):
@@ -448,6 +478,9 @@ class FsspecSource:
         if isinstance(error, _Refused):
             return RemoteError(str(error), self.name)
         described = f"{describe_failure(error)}{said}"
+        if self._http and _is_timeout(error):
+            described = (f"timed out (no answer within {SERVER_TIMEOUT[0]} s of connecting, or {SERVER_TIMEOUT[1]} s "
+                         f"between two reads, or a reply slower than {MIN_RATE // 1024} KiB/s past its first minute)")
         if self._hub and getattr(error, "status", None) in (401, 403) and not self._hub[1].authorized:
             described += " (a private or gated repository needs a token: set HF_TOKEN, or run hf auth login)"
         return RemoteError(f"{described} (from {where}, where it redirects)" if where else described, self.name)
@@ -468,14 +501,23 @@ class FsspecSource:
         location = self._served.location
         if location:
             try:
-                return _asked_again(self._fs.cat_file, location, **where)
+                return _asked_again(self._fetch, location, **where)
             except TpackError:
                 raise
             except Exception as e:
                 if not _refused_link(e):
                     raise self._error(e, _public(location)) from None
                 self._served.forget(location)
-        return self._call(_asked_again, self._fs.cat_file, self._origin(), headers=self._headers, **where)
+        return self._call(_asked_again, self._fetch, self._origin(), headers=self._headers, **where)
+
+    def _fetch(self, url: str, **where) -> bytes:
+        """``fs.cat_file`` with the range's deadline (``_deadline``) given to aiohttp: fsspec's synchronous call
+        takes a ``timeout`` of its own, which leaves the request running past it."""
+        import asyncio
+
+        deadline = _deadline(where.get("start"), where.get("end"))
+        return asyncio.run_coroutine_threadsafe(self._fs._cat_file(url, timeout=deadline, **where),
+                                                self._fs.loop).result()
 
     def size(self) -> int:
         if self._size is None:
@@ -518,6 +560,9 @@ class FsspecSource:
         if len(data) > end - offset:
             raise RemoteError("the server does not support range requests (it sent more than the range asked)",
                               self.name)
+        if len(data) < end - offset:  # a body cut short: the server's fault, not the archive's
+            raise RemoteError(f"the server sent {len(data)} bytes where {end - offset} were asked (from byte "
+                              f"{offset}): try again", self.name)
         return data
 
     def close(self) -> None:

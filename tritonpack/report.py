@@ -134,6 +134,7 @@ class UnpackResult(NamedTuple):
     not_selected: int = 0  # entries of the archive that the selection (targets, kernel names) left out
     root_only: str = ""  # written as root with a umask that keeps other users out (``cachedest.root_only``)
     not_writable: Sequence[str] = ()  # kept: its key directory needs writing, and this process may not write it
+    digest: str = ""  # the archive digest (the index's sha256) of what was read
 
     def summary(self) -> str:
         parts = [f"{self.written} written", f"{self.present} already present"]
@@ -188,7 +189,7 @@ def root_only_lines(root_only: str) -> list[str]:
 
 def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement], report: CheckReport, force: bool,
                   files: int, size: int, seconds: float, unknown_entries: int, not_selected: int = 0,
-                  root_only: str = "") -> UnpackResult:
+                  root_only: str = "", digest: str = "") -> UnpackResult:
     """What an unpack did, from the final placement of each entry the preflight's ``report`` checked (with
     ``force`` every entry it checked is placed, in its order: ``forced`` counts only those written)."""
     from .cachedest import (
@@ -237,6 +238,7 @@ def unpack_result(archive: str, cache_dir: str, placements: Sequence[Placement],
         not_selected=not_selected,
         root_only=root_only,
         not_writable=named(NOT_WRITABLE),
+        digest=digest,
     )
 
 
