@@ -201,6 +201,10 @@ def test_unknown_schemes_and_missing_backends_are_usage_errors(capsys):
     for url in ("http://", "https:///k.tpack"):
         assert main(["list", url]) == 2
         assert capsys.readouterr().err == f"error: {url}: not a URL of an archive: it names no host\n"
+    for url, said in (("http://127.0.0.1:99999/k.tpack", "Port out of range 0-65535"),
+                      ("http://127.0.0.1:abc/k.tpack", "port can't be converted to integer")):
+        assert main(["list", url]) == 2  # a typo in the URL, not a server that cannot be reached (7)
+        assert said in capsys.readouterr().err
     assert main(["list", "file:///no/such.tpack"]) == 2  # named as given
     assert capsys.readouterr().err == "error: file:///no/such.tpack: no such archive\n"
     try:

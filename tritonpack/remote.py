@@ -421,6 +421,13 @@ class FsspecSource:
         scheme = scheme_of(url)
         if scheme in _HTTP and not _SCHEME.sub("", url).split("/", 1)[0]:
             raise UsageError("not a URL of an archive: it names no host", self.name)
+        if scheme in _HTTP:
+            import yarl
+
+            try:
+                yarl.URL(url, encoded=True).port  # noqa: B018 (read for its checks: a port out of range, not a number)
+            except ValueError as e:
+                raise UsageError(f"not a URL: {e}", self.name) from None
         try:
             import fsspec
         except ImportError:
