@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.server
+import itertools
 import json
 import os
 import re
@@ -419,6 +420,7 @@ FILE_SERVER_MODES = {
     "long-body": "206 with the Content-Range asked, and a body 64 MB longer (a server that sends whole files)",
     "short-body": "206 with the Content-Range asked, and a body of half of it",
     "dropped-once": "206 as asked, but the first reply of each range ends halfway, its connection closed",
+    "silent-blocks": "206 for the trailer, header and index (the first three requests); then silent until closed",
 }
 
 
@@ -429,6 +431,8 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
     import gzip
 
     dropped: dict[tuple[int, int], int] = {}  # "dropped-once": the ranges whose first reply was cut
+    asked = itertools.count()  # "silent-blocks": the requests so far
+    closing = threading.Event()  # "silent-blocks": the silent answers end as the server closes
 
     class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
@@ -439,6 +443,10 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
             if mode == "chunked" or span is None:
                 return self.answer(200, data, chunked=True)
             start, end = span
+            if mode == "silent-blocks" and next(asked) >= 3:
+                closing.wait(120)
+                self.close_connection = True
+                return
             if mode == "wrong-range":
                 start, end = 0, end - start
             headers = {"Content-Range": f"bytes {start}-{end - 1}/{'*' if mode == 'unsaid-total' else len(data)}"}
@@ -484,7 +492,10 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
                 self.close_connection = True  # the client refused the answer as soon as its headers came
 
     with serving(Handler) as port:
-        yield f"http://127.0.0.1:{port}"
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            closing.set()  # before the server waits for its answers
 
 
 @dataclass

@@ -19,6 +19,7 @@ pytest.importorskip("aiohttp")
 
 from conftest import FOREIGN_STUB_BYTES as STUB_BYTES
 from conftest import pack_with_foreign_stub, snapshot
+from invariants import temp_files
 from servers import (
     FILE_SERVER_MODES,
     SIGNED_QUERY,
@@ -299,6 +300,33 @@ def test_a_connection_dropped_within_a_reply_is_asked_again(archive, tmp_path, c
     with file_server(archive, "dropped-once") as base:
         assert main(["unpack", f"{base}/k.tpack", "--cache-dir", str(tmp_path / "url")]) == 0
     same_tree(tmp_path / "file", tmp_path / "url")
+
+
+def test_a_ctrl_c_ends_an_unpack_by_url_without_waiting_for_its_reads(compiled_root, tmp_path):
+    """A server that goes silent once the index is read: a Ctrl-C ended the unpack only after the blocks asked
+    had timed out, and the blocks queued behind them had been asked and had timed out too (about two minutes)."""
+    import signal
+    import subprocess
+    import time
+
+    from tritonpack.archive.writer import write_archive
+    from tritonpack.cacheroot import scan_cache
+
+    tritonpack.pack(compiled_root, tmp_path / "usual.tpack")
+    with tritonpack.open(tmp_path / "usual.tpack") as reader:
+        info = reader.info
+    archive = tmp_path / "small-blocks.tpack"
+    write_archive(str(archive), scan_cache(str(compiled_root)).entries, info, block_size=4096)
+    with file_server(archive, "silent-blocks") as base:
+        proc = subprocess.Popen([sys.executable, "-m", "tritonpack", "unpack", f"{base}/k.tpack", "--cache-dir",
+                                 str(tmp_path / "root")], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # the index read, the first blocks asked: silent
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        assert proc.wait(timeout=60) == 130
+        assert time.monotonic() - start < 10 and proc.stderr.read().endswith("error: interrupted\n")
+    assert temp_files(tmp_path / "root") == [] and not list((tmp_path / "root").glob("*/__grp__*"))
 
 
 def test_a_url_s_password_and_signed_query_are_never_shown_nor_kept(archive, server, tmp_path, capsys):

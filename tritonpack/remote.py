@@ -441,6 +441,7 @@ class FsspecSource:
         # redirects, which aiohttp drops it for, nor to the link kept, which ``_cat`` asks without it)
         self._hub: tuple[hub.HubFile, hub.HubAccess] | None = None
         self._headers: dict[str, str] = {}
+        self._reading: set = set()  # the reads in flight (``_fetch``), for ``abort``
         if scheme == "hf":
             from . import hub
 
@@ -523,8 +524,18 @@ class FsspecSource:
         import asyncio
 
         deadline = _deadline(where.get("start"), where.get("end"))
-        return asyncio.run_coroutine_threadsafe(self._fs._cat_file(url, timeout=deadline, **where),
-                                                self._fs.loop).result()
+        future = asyncio.run_coroutine_threadsafe(self._fs._cat_file(url, timeout=deadline, **where), self._fs.loop)
+        self._reading.add(future)
+        try:
+            return future.result()
+        finally:
+            self._reading.discard(future)
+
+    def abort(self) -> None:
+        """Cancel the reads in flight (the reader's threads'): an interrupted unpack waited for each, up to its
+        deadline, before it could end."""
+        for future in list(self._reading):
+            future.cancel()
 
     def size(self) -> int:
         if self._size is None:

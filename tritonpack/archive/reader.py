@@ -327,13 +327,19 @@ class ArchiveReader:
         pending: deque = deque()
         queue = deque(order)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            while queue or pending:
-                while queue and (not pending or (len(pending) < workers * 2 and
-                                                 sum(sizes[n] for n, _ in pending) + sizes[queue[0]] <= IN_FLIGHT)):
-                    number = queue.popleft()
-                    pending.append((number, pool.submit(self.decode_block, number, by_block[number])))
-                _, future = pending.popleft()
-                yield from future.result()
+            try:
+                while queue or pending:
+                    while queue and (not pending or (len(pending) < workers * 2 and sum(
+                            sizes[n] for n, _ in pending) + sizes[queue[0]] <= IN_FLIGHT)):
+                        number = queue.popleft()
+                        pending.append((number, pool.submit(self.decode_block, number, by_block[number])))
+                    _, future = pending.popleft()
+                    yield from future.result()
+            except BaseException:  # a Ctrl-C, a failure: no block read after it, nor waited for (a URL's reads)
+                for _, future in pending:
+                    future.cancel()
+                getattr(self._source, "abort", lambda: None)()
+                raise
 
     def decode_block(self, number: int, blobs: list[int]) -> list[tuple[int, memoryview | bytes]]:
         """Read and decode block ``number``; return its ``blobs`` (all in it), each verified."""
