@@ -378,6 +378,24 @@ def test_a_complete_root_this_process_cannot_write_is_ensured_without_writing(tm
         _writable(root, True)
 
 
+def test_a_corrupt_block_leaves_no_root_behind(tmp_path, archive):
+    """The digest reads, the unpack fails on a block: ensure made the root for its lock, and left it with its
+    lock, where unpack creates nothing. A root that was there stays, with what it held."""
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    corrupt = tmp_path / "corrupt.tpack"
+    corrupt.write_bytes(bytes(data))
+    root = tmp_path / "made" / "for" / "it"
+    with pytest.raises(tritonpack.ArchiveError):
+        tritonpack.ensure(corrupt, root)
+    assert not (tmp_path / "made").exists()
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there" / "notes.txt").write_text("x")
+    with pytest.raises(tritonpack.ArchiveError):
+        tritonpack.ensure(corrupt, tmp_path / "there")
+    assert (tmp_path / "there" / "notes.txt").exists()
+
+
 def test_bad_archive_is_an_archive_error(tmp_path):
     bad = tmp_path / "bad.tpack"
     bad.write_bytes(b"\x89TPACK\r\n" + bytes(8) + b"x" * 100)

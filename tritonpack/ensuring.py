@@ -454,16 +454,54 @@ def _ours(stamp_dir: str, name: re.Pattern[str]) -> list[tuple[int, str]]:
     return found
 
 
+def _first_missing(root: str) -> str | None:
+    """The outermost directory of ``root``'s path (``root`` included) that does not exist yet, if any."""
+    missing = None
+    while not os.path.lexists(root):
+        missing, parent = root, os.path.dirname(root)
+        if parent == root:
+            break
+        root = parent
+    return missing
+
+
+def _remove_bare(root: str, stamp_dir: str, missing: str) -> None:
+    """After a failed unpack (a corrupt archive) into a root that ensure made for its lock: the lock, the stamp
+    directory, the root and the parents made with it, where nothing else is in them, as unpack leaves none. A
+    process that waits on the lock takes it on the removed file, and unpacks into a root made anew."""
+    try:  # entries written before the failure keep the root, and its lock with it
+        bare = os.listdir(stamp_dir) == ["lock"] and os.listdir(root) == [STAMP_DIR]
+    except OSError:
+        return
+    if not bare:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(stamp_dir, "lock"))
+        os.rmdir(stamp_dir)
+        directory = root
+        while True:
+            os.rmdir(directory)  # fails where anything else is there: it stays
+            if directory == missing:
+                break
+            directory = os.path.dirname(directory)
+
+
 def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, targets: list[str] | None,
              processes: bool, start: float) -> EnsureResult:
     """The stamp's result if it holds, else unpack (one process at a time) and stamp."""
     stamp = _stamp_path(stamp_dir, digest, env_key)
     result = _stamped(stamp, root, path, False, start)
     if result is None:
+        missing = _first_missing(root)  # made for the lock: gone again if the unpack fails and leaves it bare
         with _exclusive(stamp_dir) as (waited, unlocked):
             result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
             if result is None:
-                result, directories = _unpack(path, root, digest, targets, processes)
+                try:
+                    result, directories = _unpack(path, root, digest, targets, processes)
+                except BaseException:
+                    if missing is not None:
+                        _remove_bare(root, stamp_dir, missing)
+                    raise
                 result.waited = waited
                 result.unstamped = unlocked or _write_stamp(stamp, result, root, directories)
                 if not result.unstamped:
