@@ -282,3 +282,25 @@ def test_ensure_trusts_the_last_stamp_when_the_server_is_down(big, tmp_path, cap
     assert UNREACHABLE_NOTE in capsys.readouterr().err
     assert main(["ensure", url, "--cache-dir", str(tmp_path / "elsewhere")]) == 7  # no stamp there
     assert capsys.readouterr().err.startswith(f"error: {url}: cannot connect to 127.0.0.1:")
+
+
+@pytest.mark.parametrize(("first", "then", "same"), [
+    ({"ETag": '"5f-1"'}, {"ETag": 'W/"5f-1"'}, True),  # made weak by a proxy that compresses, or nginx's gzip
+    ({"ETag": '"a"', "Last-Modified": "Tue, 01 Dec 2026 07:00:00 GMT"},
+     {"ETag": '"b"', "Last-Modified": "Tue, 01 Dec 2026 07:00:00 GMT"}, True),  # two servers, one file
+    ({"ETag": '"a"', "Last-Modified": "Tue, 01 Dec 2026 07:00:00 GMT"},
+     {"ETag": '"b"', "Last-Modified": "Tue, 01 Dec 2026 08:00:00 GMT"}, False),
+    ({"ETag": '"a"'}, {"ETag": '"b"'}, False),
+])
+def test_validators_compare_as_a_weak_comparison_does(first, then, same):
+    """Each later reply must be of the first reply's archive; where validators differ only as proxies and
+    deployments make them differ, "try again" would never succeed."""
+    from tritonpack.remote import _Refused, _Served
+
+    served = _Served()
+    served.same_archive(100, first)
+    if same:
+        served.same_archive(100, then)
+    else:
+        with pytest.raises(_Refused, match="the archive changed on the server while it was read"):
+            served.same_archive(100, then)

@@ -155,15 +155,26 @@ class _Served:
         if not self.validators:
             self.validators = seen
             return
-        for name in ("ETag", "Last-Modified"):  # the first both replies have: an ETag says more than a date
+        # The first both replies have: an ETag says more than a date. One that changes where Last-Modified does not
+        # (servers of one deployment, each naming the file by its own inode) is the same file: each block is
+        # checked against its sha256 all the same, and "try again" would never succeed there.
+        for name in ("ETag", "Last-Modified"):
             if name in seen and name in self.validators:
-                if seen[name] != self.validators[name]:
+                if _weak(seen[name]) != _weak(self.validators[name]) and not (
+                        name == "ETag" and seen.get("Last-Modified") and
+                        seen.get("Last-Modified") == self.validators.get("Last-Modified")):
                     raise _Refused(self.changed(f"{name} {self.validators[name]} became {seen[name]}"))
                 return
 
     @staticmethod
     def changed(how: str) -> str:
         return f"the archive changed on the server while it was read ({how}): try again"
+
+
+def _weak(validator: str) -> str:
+    """A validator as a weak comparison reads it (RFC 9110): ``W/"x"`` is ``"x"``, as a proxy that compresses, or
+    nginx's ``gzip``, turns one into the other."""
+    return validator.removeprefix("W/")
 
 
 def _http_trace(served: _Served):
