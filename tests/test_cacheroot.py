@@ -213,6 +213,23 @@ def test_a_kernel_binary_cut_short_is_no_group_to_pack_nor_to_relocate(tmp_path,
     assert f"{cubin.parent.name}/{group.name}" not in tritonpack.relocate(root).fixed
 
 
+def test_a_second_group_that_lists_another_group_s_file_is_left_out_and_said(tmp_path, root):
+    """Two manifests of one key directory naming one file: the pack failed whole at its index's check, naming the
+    archive it wrote, exit 3 (bad archive). The second group is left out, with its reason."""
+    tritonpack.relocate(root)
+    manifest = next(root.glob("*/__grp__*.json"))
+    twin = manifest.with_name("__grp__twin_kernel.json")
+    doc = json.loads(manifest.read_text())
+    metadata = next(n for n in doc["child_paths"] if n == manifest.name.removeprefix("__grp__"))
+    (manifest.parent / "twin_kernel.json").write_bytes((manifest.parent / metadata).read_bytes())
+    doc["child_paths"]["twin_kernel.json"] = str(manifest.parent / "twin_kernel.json")
+    twin.write_text(json.dumps(doc))
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    said = [s for s in result.skipped if s.path == f"{manifest.parent.name}/{twin.name}"]
+    assert said and said[0].reason.startswith("its group lists ") and manifest.name in said[0].reason
+    assert not any("no manifest" in s.reason for s in result.skipped)
+
+
 def test_a_relative_cache_dir_s_manifests_are_relocated(tmp_path, root, monkeypatch):
     """Triton under a relative TRITON_CACHE_DIR names the files relative to the working directory: verify said ok
     from that directory only, and relocate left them."""
