@@ -337,7 +337,8 @@ def test_a_url_s_password_and_signed_query_are_never_shown_nor_kept(archive, ser
     root = tmp_path / "root"
     commands = [["list", secret], ["list", secret, "--json"], ["check", secret, "--json"], ["list", missing],
                 ["list", missing, "--json"], ["unpack", secret, "--cache-dir", str(tmp_path / "unpacked"), "--json"],
-                ["ensure", secret, "--cache-dir", str(root)], ["ensure", secret, "--cache-dir", str(root), "--json"]]
+                ["ensure", secret, "--cache-dir", str(root)], ["ensure", secret, "--cache-dir", str(root), "--json"],
+                ["unpack", secret, "--cache-dir", str(tmp_path / "refused"), "--target", "cuda:75", "--json"]]
     for command in commands:
         main(command)
         said = "".join(capsys.readouterr())

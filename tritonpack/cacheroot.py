@@ -435,15 +435,15 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
     for name in [n for n in files if n.startswith(MANIFEST_PREFIX) and n.endswith(".json")]:
         claimed.add(name)
         entry = _scan_group(root, key, name, files, unreadable, scan)
-        shared = [f.name for f in entry.files if f.name in taken] if entry is not None else []
-        if shared:  # one file, two groups: an unpack could not write both (spec §7), so the second is left out
-            scan.skipped.append(Skipped(f"{key}/{name}", f"its group lists {shared[0]}, which the group of "
-                                                          f"{taken[shared[0]]} lists too"))
-            claimed.update(f.name for f in entry.files)  # reported with its manifest, not as files without one
-        elif entry is not None:
-            found.append(entry)
+        if entry is not None:
             claimed.update(f.name for f in entry.files)
-            taken.update((f.name, name) for f in entry.files)
+            shared = [f.name for f in entry.files if f.name in taken]
+            if shared:  # one file, two groups: an unpack could not write both (spec §7), so the second is left out
+                scan.skipped.append(Skipped(f"{key}/{name}", f"its group lists {shared[0]}, which the group of "
+                                                              f"{taken[shared[0]]} lists too"))
+            else:
+                found.append(entry)
+                taken.update((f.name, name) for f in entry.files)
         else:  # its children are reported with the manifest, not one by one
             data = _read_json(f"{key_dir}{os.sep}{name}", files[name])
             children = data.get("child_paths") if isinstance(data, dict) else None

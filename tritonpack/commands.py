@@ -72,8 +72,9 @@ def failure_document(error: TpackError, archive: str | None = None) -> dict:
                            "kind": type(error).__name__}}
     if isinstance(error, IncompatibleError) and error.report is not None:
         from .listing import check_to_dict
+        from .remote import shown
 
-        doc["preflight"] = check_to_dict(error.report, error.path if archive is None else archive)
+        doc["preflight"] = check_to_dict(error.report, error.path if archive is None else shown(archive))
     if isinstance(error, IncompatibleError) and error.result is not None:
         doc["result"] = error.result.to_dict()
     return doc

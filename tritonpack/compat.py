@@ -132,6 +132,12 @@ class CheckReport(NamedTuple):
             return "the entry will be used here" if n == 1 else f"all {n} entries will be used here"
         return f"{ok} of {n} entries will be used here; {n - ok} will not"
 
+    def to_dict(self, archive: str | None = None) -> dict:
+        """What ``check --json`` prints for ``archive``."""
+        from .listing import check_to_dict
+
+        return check_to_dict(self, archive)
+
     def lines(self) -> list[str]:
         out = [f"{count} entr{'y' if count == 1 else 'ies'}: {reason}" for reason, count in self.reasons()]
         return out + [f"not checked: {note}" for note in self.unchecked]

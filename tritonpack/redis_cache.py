@@ -28,6 +28,7 @@ from .cachedest import CONFLICT, PRESENT, REPLACE, WRITE, Placement
 from .errors import RemoteError, UsageError
 from .model import GROUP, Entry, manifest_name
 from .remote import SERVER_TIMEOUT, open_source
+from .remote import shown as public
 from .report import UnpackResult, unpack_result
 
 DEFAULT_KEY_FORMAT = "triton:{key}:{filename}"  # Triton's TRITON_REDIS_KEY_FORMAT default (3.0-3.9)
@@ -217,5 +218,5 @@ def unpack_to_redis(
             files, written = write(client, shown, fmt, reader, plans, progress_counter(total, progress))
     finally:
         client.close()
-    return unpack_result(os.fspath(archive), shown, plans, report, force, files, written,
-                         time.perf_counter() - start, reader.index.unknown_entries)
+    return unpack_result(public(os.fspath(archive)), shown, plans, report, force, files, written,
+                         time.perf_counter() - start, reader.index.unknown_entries, digest=reader.digest)

@@ -54,7 +54,8 @@ class VerifyReport:
                         for reason, paths in alike.items()]
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "ok": not self.problems}
+        return {**asdict(self), "ok": not self.problems,
+                "not_checked": [{"path": path, "reason": reason} for path, reason in self.not_checked]}
 
 
 @dataclass
