@@ -359,12 +359,12 @@ def record(
 
     Example: tritonpack record -o kernels.tpack -- bash serve_smoke_test.sh
     """
-    from .commands import _is_standard_output
+    from .commands import is_standard_output
     from .recording import record as record_command
 
     # fd 2, stderr, where stdout is ours: the JSON, or the archive (-o -, -o /dev/stdout)
     result = record_command(command, output, level=level, allow_failure=allow_failure,
-                            stdout=2 if as_json or _is_standard_output(output) else None)
+                            stdout=2 if as_json or is_standard_output(output) else None)
     _emit(result, as_json, quiet)
 
 

@@ -92,7 +92,7 @@ def json_on_failure(as_json: bool, archive: str | None = None, output: str | Non
         if as_json:
             document = to_json(failure_document(e, archive))
             try:
-                show(Output(err=(document,)) if _is_standard_output(output) else Output(document))
+                show(Output(err=(document,)) if is_standard_output(output) else Output(document))
             except TpackError:  # standard output cannot take it: the error's own line still tells
                 pass
             except BrokenPipeError:
@@ -111,12 +111,12 @@ def reported(result, as_json: bool, quiet: bool) -> Output:
         return Output()
     else:
         text, notes = printable(result.summary()), tuple(result.notes())
-    if _is_standard_output(getattr(result, "written_archive", None)):
+    if is_standard_output(getattr(result, "written_archive", None)):
         return Output(None, (*notes, text))
     return Output(text, notes)
 
 
-def _is_standard_output(path: str | None) -> bool:
+def is_standard_output(path: str | None) -> bool:
     from .archivedest import STDOUT as ARCHIVE_TO_STDOUT
 
     if path == ARCHIVE_TO_STDOUT:

@@ -30,7 +30,7 @@ class VerifyReport:
     groups: list[GroupState] = field(default_factory=list)
     resolved_by: str = "triton"  # or "emulated" when Triton is not importable
     other_skipped: int = 0
-    not_checked: list[tuple[str, str]] = field(default_factory=list)  # (path, reason): what Triton reads no group of
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of what holds no group Triton reads
 
     @property
     def problems(self) -> list[GroupState]:
@@ -48,14 +48,14 @@ class VerifyReport:
 
         lines = _alike_lines((g.state, g.detail, g.path) for g in self.problems)
         alike: dict[str, list[str]] = {}
-        for path, reason in self.not_checked:
+        for path, reason in self.ignored:
             alike.setdefault(reason, []).append(path)
         return lines + [f"ignored: {plural(len(paths), 'item')}: {reason}: {shown(paths)}"
                         for reason, paths in alike.items()]
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": not self.problems,
-                "not_checked": [{"path": path, "reason": reason} for path, reason in self.not_checked]}
+                "ignored": [{"path": path, "reason": reason} for path, reason in self.ignored]}
 
 
 @dataclass
@@ -197,7 +197,7 @@ def verify(cache_dir: str) -> VerifyReport:
         problem = _skipped_state(skipped)
         if problem is None:
             report.other_skipped += 1
-            report.not_checked.append((skipped.path, skipped.reason))
+            report.ignored.append((skipped.path, skipped.reason))
         else:
             report.groups.append(GroupState(skipped.path, *problem))
     return report
