@@ -6,6 +6,7 @@ import contextlib
 import gc
 import hashlib
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -92,6 +93,19 @@ def without_root_powers() -> list[str]:
     if not shutil.which("setpriv") or subprocess.run([*prefix, "true"], capture_output=True).returncode:
         pytest.skip("root, and setpriv cannot drop its capability to read any file here")
     return prefix
+
+
+@pytest.fixture()
+def interruptible():
+    """Ctrl-C and SIGHUP as a terminal's process has them. CI may start the tests with both ignored (a background
+    job, nohup): Python then never makes a SIGINT a KeyboardInterrupt, and children inherit what is ignored, so a
+    test that sends them would see nothing happen."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture()

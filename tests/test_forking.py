@@ -80,7 +80,7 @@ def test_an_interrupted_parent_kills_its_children(counted_forks):
     assert time.monotonic() - start < 10 and len(counted_forks) == 2 and no_child_left()
 
 
-def test_a_ctrl_c_as_a_child_is_forked_leaves_no_child(monkeypatch, counted_forks):
+def test_a_ctrl_c_as_a_child_is_forked_leaves_no_child(monkeypatch, counted_forks, interruptible):
     """SIGINT the instant the fork returns, before the parent has recorded the child: it lands once the child is
     one the map kills and reaps, so a program that goes on after the KeyboardInterrupt keeps no child."""
     counted = os.fork
@@ -97,7 +97,7 @@ def test_a_ctrl_c_as_a_child_is_forked_leaves_no_child(monkeypatch, counted_fork
     assert len(counted_forks) == 1 and no_child_left()
 
 
-def test_a_ctrl_c_as_the_run_lock_is_made_leaves_no_lock(tmp_path, monkeypatch):
+def test_a_ctrl_c_as_the_run_lock_is_made_leaves_no_lock(tmp_path, monkeypatch, interruptible):
     """SIGINT the instant the run's lock file is created, before the run has recorded it: the run removes it."""
     from invariants import temp_files
 

@@ -242,7 +242,8 @@ def test_parse_log_counts_uses_and_survives_torn_lines():
 
 @pytest.mark.parametrize(("signum", "shell"), [(signal.SIGTERM, False), (signal.SIGTERM, True),
                                             (signal.SIGHUP, True), (signal.SIGINT, True)])
-def test_a_signal_reaches_every_process_of_the_recorded_command_and_packs_nothing(tmp_path, signum, shell):
+def test_a_signal_reaches_every_process_of_the_recorded_command_and_packs_nothing(tmp_path, signum, shell,
+                                                                                  interruptible):
     """A SIGTERM (a pod's end), a SIGHUP, or a SIGINT sent to tritonpack alone (``kill -INT``, a container's stop
     signal; no terminal here) reaches the command, and the Python a shell script runs under it: the shell alone was
     told, or none for SIGINT, and the Python went on on its own."""

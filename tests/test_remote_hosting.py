@@ -302,7 +302,7 @@ def test_a_connection_dropped_within_a_reply_is_asked_again(archive, tmp_path, c
     same_tree(tmp_path / "file", tmp_path / "url")
 
 
-def test_a_ctrl_c_ends_an_unpack_by_url_without_waiting_for_its_reads(compiled_root, tmp_path):
+def test_a_ctrl_c_ends_an_unpack_by_url_without_waiting_for_its_reads(compiled_root, tmp_path, interruptible):
     """A server that goes silent once the index is read: a Ctrl-C ended the unpack only after the blocks asked
     had timed out, and the blocks queued behind them had been asked and had timed out too (about two minutes)."""
     import signal

@@ -343,7 +343,7 @@ def test_workers_die_with_a_killed_parent_and_the_next_unpack_cleans_up(tmp_path
 
 @pytest.mark.parametrize("fork", [1, 2, 3])
 def test_a_ctrl_c_as_a_worker_is_forked_leaves_no_worker_nor_pipe(tmp_path, archive, three_workers, monkeypatch,
-                                                                  fork):
+                                                                  fork, interruptible):
     """SIGINT the instant the parent's fork returns, before it has recorded the child: in a program that goes on
     after the KeyboardInterrupt (a server), the workers forked so far, their pipes and the run's lock are gone."""
     counted = os.fork
