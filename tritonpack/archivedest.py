@@ -161,26 +161,27 @@ def _terminated_as_exception() -> Iterator:
     left alone. The previous handler is back once the block ends."""
     termination = _Termination()
     try:
-        with handling_sigterm(termination.handle):
+        with handling_signals({signal.SIGTERM: termination.handle}):
             yield termination.held
     finally:
         termination.raise_pending()  # one held back while an error propagated: the exit still says it
 
 
 @contextlib.contextmanager
-def handling_sigterm(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """``handler`` for SIGTERM within the block, only where SIGTERM would end the process (its default action)
-    and only from the main thread, the one a Python handler runs in: a program's own handler, or SIG_IGN, is left
-    alone. The default is back once the block ends."""
-    installed = (threading.current_thread() is threading.main_thread()
-                 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
-    if installed:
-        signal.signal(signal.SIGTERM, handler)
+def handling_signals(handlers: dict[int, Callable[[int, object], None]]) -> Iterator[None]:
+    """Each handler for its signal within the block, only where that signal would end the process (its default
+    action, or Python's KeyboardInterrupt for SIGINT) and only from the main thread, the one a Python handler runs
+    in: a program's own handler, or SIG_IGN (``nohup``), is left alone. What was there is back once the block ends."""
+    installed = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+                installed[signum] = signal.signal(signum, handler)
     try:
         yield
     finally:
-        if installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
 
 
 def current_umask() -> int:
@@ -189,5 +190,5 @@ def current_umask() -> int:
     return mask
 
 
-__all__ = ["Destination", "destination", "archive_file", "handling_sigterm", "current_umask", "TEMP_PREFIX",
+__all__ = ["Destination", "destination", "archive_file", "handling_signals", "current_umask", "TEMP_PREFIX",
            "TEMP_SUFFIX"]

@@ -22,7 +22,6 @@ import shlex
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -415,9 +414,10 @@ def _from_a_terminal() -> bool:
 def _forwarding_signals(proc: subprocess.Popen):
     """A SIGTERM or SIGHUP to tritonpack while the command runs goes to the command and every process under it
     (a shell script's), which would otherwise go on alone; a SIGINT too, where it was not a terminal's Ctrl-C that
-    reached them already (``kill -INT``, a container's stop signal). Only where the signal would end tritonpack
-    (its default action) and from the main thread, where Python runs handlers; yields the SIGTERMs and SIGHUPs
-    received."""
+    reached them already (``kill -INT``, a container's stop signal). Where ``archivedest.handling_signals`` says;
+    yields the SIGTERMs and SIGHUPs received."""
+    from .archivedest import handling_signals
+
     received: list[int] = []
 
     def tell(signum: int) -> None:
@@ -434,17 +434,8 @@ def _forwarding_signals(proc: subprocess.Popen):
             tell(signum)
         raise KeyboardInterrupt
 
-    handlers = {signal.SIGTERM: forward, signal.SIGHUP: forward, signal.SIGINT: interrupted}
-    installed = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum, handler in handlers.items():
-            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
-                installed[signum] = signal.signal(signum, handler)
-    try:
+    with handling_signals({signal.SIGTERM: forward, signal.SIGHUP: forward, signal.SIGINT: interrupted}):
         yield received
-    finally:
-        for signum, previous in installed.items():
-            signal.signal(signum, previous)
 
 
 def _default_root() -> str | None:
