@@ -403,3 +403,77 @@ def test_values_an_index_cannot_hold_are_left_out_or_skipped(tmp_path, root):
     with tritonpack.open(tmp_path / "k.tpack") as reader:
         packed = next(e.kernel for e in reader.entries if e.key == group.name and e.kind == "group")
     assert packed.num_warps is None and packed.shared is None and packed.arch is not None
+
+
+def thin(root) -> dict[str, list[str]]:
+    """Remove every group's IR files, as a cleaner going by access time does (a hit reads only a kernel's metadata
+    and binary): each group's manifest path, and what it lost."""
+    lost = {}
+    for manifest in sorted(root.glob("*/__grp__*.json")):
+        names = json.loads(manifest.read_text())["child_paths"]
+        gone = [n for n in names if not n.endswith((".json", ".cubin", ".hsaco"))]
+        for name in gone:
+            (manifest.parent / name).unlink()
+        lost[f"{manifest.parent.name}/{manifest.name}"] = gone
+    return lost
+
+
+def test_a_group_a_cleaner_thinned_is_packed_with_what_is_left_and_triton_hits_it(tmp_path, root):
+    """A group whose IR files are gone, its metadata and binary left: Triton 3.0-3.7 hits it where it is, and pack
+    refused it ("incomplete group"), leaving those kernels out of the archive. It is packed with what is left, said
+    so, and unpacked as a binary-only group, which every Triton hits."""
+    from kernels import HAS_LISTENER, SOURCES, compile_all, targets
+
+    lost = thin(root)
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    assert not result.skipped and {t.path: list(t.missing) for t in result.thinned} == lost
+    line = next(n for n in result.notes() if "packed without files" in n)
+    assert line.startswith(f"{len(lost)} kernels packed without files their manifests list that are gone")
+    assert ".ttir" in line
+    assert result.to_dict()["thinned"][0]["missing"] == lost[result.thinned[0].path]
+    deploy = tmp_path / "deploy"
+    tritonpack.unpack(tmp_path / "k.tpack", deploy)
+    before = snapshot(deploy)
+    hits = compile_all(deploy)
+    if HAS_LISTENER:
+        assert hits == [True] * len(SOURCES) * len(targets())
+    assert snapshot(deploy) == before
+
+
+def test_verify_says_which_triton_misses_a_thinned_group_and_relocate_lists_what_is_left(tmp_path, root):
+    """Triton 3.8+ recompiles a group that lacks a file its manifest lists; 3.0-3.7 keeps the files that exist.
+    verify says so as Triton's own cache manager answers, and relocate rewrites the manifest to list what is left,
+    which every Triton hits."""
+    import triton
+    from kernels import HAS_LISTENER, SOURCES, compile_all, targets
+
+    tritonpack.relocate(root)  # the fixture's copy points into the compiled root
+    lost = thin(root)
+    strict = tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 8)
+    report = tritonpack.verify(root)
+    if strict:
+        assert {g.path for g in report.problems} == set(lost)
+        assert all(g.state == "broken" and g.detail.startswith("lists files that are gone (") for g in report.problems)
+    else:
+        assert report.problems == []
+    fixed = tritonpack.relocate(root)
+    assert sorted(fixed.fixed) == sorted(fixed.trimmed) == sorted(lost)
+    assert any("listed files that are gone" in n for n in fixed.notes())
+    assert tritonpack.verify(root).problems == [] and tritonpack.relocate(root).fixed == []
+    before = snapshot(root)
+    hits = compile_all(root)
+    if HAS_LISTENER:
+        assert hits == [True] * len(SOURCES) * len(targets())
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("kind", [".json", ".cubin"])
+def test_a_group_that_lost_its_metadata_or_binary_is_not_packed(tmp_path, root, kind):
+    cubin = next(root.glob("*/*.cubin"))
+    manifest = next(cubin.parent.glob("__grp__*.json"))
+    name = cubin.stem + kind
+    (manifest.parent / name).unlink()
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    assert [(s.path, s.reason) for s in result.skipped] == [
+        (f"{manifest.parent.name}/{manifest.name}", f"incomplete group: {name} is missing")]
+    assert result.thinned == []

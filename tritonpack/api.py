@@ -13,7 +13,7 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, UsageError
-from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, named_version, naming_triton
+from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, manifest_name, named_version, naming_triton
 from .remote import open_source, shown
 from .selection import EVERYTHING, Offered, Selection
 from .triton_env import cache_root, key_releases, releases_keyed_as, resolved_root
@@ -156,7 +156,7 @@ def pack(
     from .compat import attribution
     from .fingerprint import local_triton
     from .forking import uninterrupted
-    from .report import PackResult, kind_counts
+    from .report import PackResult, Thinned, kind_counts
     from .triton_env import python_info
 
     start = time.perf_counter()
@@ -196,6 +196,7 @@ def pack(
         targets, total, kinds, foreign = set(), 0, Counter(), 0  # one read of each entry (a large scan's are
         compilers: Counter[str] = Counter()  # made again each time they are read: packedentries)
         unnamed: Counter[str | None] = Counter()
+        thinned: list[Thinned] = []
         for e in scan.entries:
             kernel = e.kernel
             if kernel and kernel.backend and kernel.arch is not None and kernel.warp_size:
@@ -207,6 +208,8 @@ def pack(
             total += e.size
             kinds[e.kind] += 1
             foreign += e.foreign_manifest
+            if e.missing and not selection.binary_only:  # which takes no IR file anyway
+                thinned.append(Thinned(f"{e.key}/{manifest_name(e.name)}", e.missing))
         if selection.chooses_kernels and not kinds[GROUP]:
             raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)}; "
                              f"{offer.words(selection)})", root)
@@ -239,6 +242,7 @@ def pack(
         cubins=written.cubins if splice_ptx else None,
         spliced=written.spliced if splice_ptx else None,
         triton_note=triton_note,
+        thinned=thinned,
     )
 
 

@@ -33,6 +33,7 @@ from .model import (
     manifest_name,
     total_size,
 )
+from .selection import binary_only_names
 from .triton_env import python_info
 
 if TYPE_CHECKING:
@@ -145,6 +146,8 @@ class LocalEntry(NamedTuple):
     autotune: AutotuneInfo | None = None
     stub: StubInfo | None = None
     foreign_manifest: bool = False  # the manifest pointed outside its own directory
+    # files the manifest lists that are gone (a cleaner removed a group's IR files): the entry holds the rest
+    missing: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -393,14 +396,21 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], unrea
         skipped.append(Skipped(f"{key}/{blocked[0]}", f"unreadable: Permission denied (its group, {group_name}, is "
                                                      "not packed)"))
         return None
-    missing = [n for n in names if n not in files]
-    if missing:
-        skipped.append(Skipped(rel, f"incomplete group: {missing[0]} is missing"))
-        return None
     metadata_name = f"{group_name}.json"
     if metadata_name not in children:
         skipped.append(Skipped(rel, f"incomplete group: manifest does not list {metadata_name}"))
         return None
+    missing = [n for n in names if n not in files]
+    if missing:
+        # Triton loads a kernel from its metadata and binary alone (TRITON_STORE_BINARY_ONLY writes no more): a
+        # group that lost only IR files is packed with what is left, and said so; one that lost either is not
+        # (a missing name that is there as something else, a link, a directory, is not gone: the group is skipped)
+        needed = binary_only_names(group_name, names)
+        lost = next((n for n in missing if n in needed or os.path.lexists(f"{key_dir}{os.sep}{n}")), None)
+        if lost is not None or len(needed) < 2:
+            skipped.append(Skipped(rel, f"incomplete group: {lost or missing[0]} is missing"))
+            return None
+        names = [n for n in names if n in files]
     metadata = _read_json(f"{key_dir}{os.sep}{metadata_name}", files[metadata_name])
     if not isinstance(metadata, dict):
         skipped.append(Skipped(f"{key}/{metadata_name}", "unreadable kernel metadata"))
@@ -421,6 +431,7 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], unrea
                          array("Q", [files[n] for n in names])),
         kernel=kernel_info(metadata),
         foreign_manifest=foreign,
+        missing=tuple(missing),
     )
 
 

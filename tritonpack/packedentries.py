@@ -4,8 +4,9 @@ The objects of a scanned group (its entry, kernel info, key and hash strings, fi
 100 bytes a file: 106 MB for a root of 1,060,970 files, held through the whole of its pack. A record takes 165
 bytes (25 a file): the group's key, hash and sizes, its other fields as numbers into a table of the values they
 share (names, file-name tuples, backends, versions, envs). Reading one back costs 1.5 us on the 2-core VM, which a
-scan pays only past ``cacheroot.PACKED_KEYS`` key directories. Entries that are not plain groups, and a group a
-record cannot hold (an int past 64 bits in its metadata), are kept as they are.
+scan pays only past ``cacheroot.PACKED_KEYS`` key directories. Entries that are not plain groups, a group whose
+manifest lists files that are gone, and a group a record cannot hold (an int past 64 bits in its metadata), are
+kept as they are.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class _Run:
     def append(self, entry) -> None:
         files, kernel = entry.files, entry.kernel
         if (entry.kind != GROUP or kernel is None or entry.autotune is not None or entry.stub is not None
-                or getattr(files, "root", None) != self.root or files.key != entry.key):
+                or entry.missing or getattr(files, "root", None) != self.root or files.key != entry.key):
             self._keep(entry)
             return
         number = self._number

@@ -30,7 +30,7 @@ from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import CacheError, RecordError, Terminated, UsageError
 from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order, manifest_name
-from .report import count_words, foreign_manifests_line, human_bytes, kind_counts, plural
+from .report import Thinned, count_words, foreign_manifests_line, human_bytes, kind_counts, plural, thinned_line
 
 HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
 HOOK_CLASS = "TrackingCacheManager"
@@ -318,6 +318,7 @@ class RecordResult:
     producer_notes: list[str] = field(default_factory=list)
     triton_version: str | None = None
     untracked: list[str] = field(default_factory=list)  # ROOT/KEY written during the run that no use names
+    thinned: list[Thinned] = field(default_factory=list)  # groups packed without files that are gone
 
     @property
     def written_archive(self) -> str:
@@ -356,11 +357,14 @@ class RecordResult:
                   for m in self.unsupported_managers]
         if self.foreign_manifests:
             lines.append(foreign_manifests_line(self.foreign_manifests))
+        if self.thinned:
+            lines.append(thinned_line(self.thinned))
         return lines + self.producer_notes
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["not_packed"] = [s._asdict() for s in self.not_packed]  # named tuples: asdict keeps them as tuples
+        d["thinned"] = [{"path": t.path, "missing": list(t.missing)} for t in self.thinned]
         return d
 
 
@@ -535,4 +539,5 @@ def record(
                                          if log.bad_lines else []),
         triton_version=info.triton.version if info.triton else None,
         untracked=_untracked(log, default_root, began),
+        thinned=[Thinned(f"{e.key}/{manifest_name(e.name)}", e.missing) for e in entries if e.missing],
     )

@@ -64,13 +64,21 @@ class RelocateReport:
     fixed: list[str] = field(default_factory=list)
     already_ok: int = 0
     not_fixed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    trimmed: list[str] = field(default_factory=list)  # of those fixed, the manifests that listed files that are gone
 
     def summary(self) -> str:
         return (f"relocated {len(self.fixed)} manifests under {self.cache_dir}; {self.already_ok} already pointed "
                 f"into their own directory; {len(self.not_fixed)} could not be fixed")
 
     def notes(self) -> list[str]:
-        return _alike_lines(("not fixed", reason, path) for path, reason in self.not_fixed)
+        from .report import plural, shown
+
+        lines = _alike_lines(("not fixed", reason, path) for path, reason in self.not_fixed)
+        if self.trimmed:
+            lines.append(f"{plural(len(self.trimmed), 'manifest')} of those relocated listed files that are gone (IR "
+                         f"files a cleaner removed?): now {'it lists' if len(self.trimmed) == 1 else 'they list'} "
+                         f"what is left, the kernel's metadata and binary among it: {shown(self.trimmed)}")
+        return lines
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -179,6 +187,8 @@ def verify(cache_dir: str) -> VerifyReport:
         if isinstance(ok, str):
             report.groups.append(GroupState(path, BROKEN, f"Triton's cache manager fails on its manifest ({ok}), and "
                                                           "so does Triton's compile (tritonpack relocate fixes it)"))
+        elif entry.missing and not ok:
+            report.groups.append(GroupState(path, BROKEN, _gone(entry)))
         elif _points_elsewhere(root, entry):
             if _relative(root, entry):
                 state, detail = BROKEN, ("names its files by relative paths, which Triton finds from one working "
@@ -203,11 +213,17 @@ def verify(cache_dir: str) -> VerifyReport:
     return report
 
 
+def _gone(entry: LocalEntry) -> str:
+    kinds = ", ".join(sorted({"." + name.rpartition(".")[2] for name in entry.missing}))
+    return (f"lists files that are gone ({kinds}: removed by a cleaner?), and Triton 3.8+ recompiles a group that "
+            "lacks any; its metadata and binary are here (tritonpack relocate lists what is left, and Triton hits it)")
+
+
 def relocate(cache_dir: str) -> RelocateReport:
     root, scan = _scanned(cache_dir)
     report = RelocateReport(root)
     for entry in (e for e in scan.entries if e.kind == GROUP):
-        if not _points_elsewhere(root, entry):
+        if not (entry.missing or _points_elsewhere(root, entry)):
             report.already_ok += 1
             continue
         path = f"{entry.key}/{manifest_name(entry.name)}"
@@ -217,6 +233,8 @@ def relocate(cache_dir: str) -> RelocateReport:
             report.not_fixed.append((path, f"cannot rewrite manifest: {e.strerror}"))
             continue
         report.fixed.append(path)
+        if entry.missing:
+            report.trimmed.append(path)
     for skipped in scan.skipped:
         if _group_problem(skipped.reason):
             report.not_fixed.append((skipped.path, skipped.reason))

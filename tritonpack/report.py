@@ -36,6 +36,23 @@ def foreign_manifests_line(n: int) -> str:
             "the files were read from the group's own directory")
 
 
+class Thinned(NamedTuple):
+    """A group packed without files its manifest lists that are gone (IR files a cleaner removed)."""
+
+    path: str  # key/manifest, relative to the root
+    missing: tuple[str, ...]
+
+
+def thinned_line(thinned: Sequence[Thinned]) -> str:
+    """Said whenever a group was packed with less than its manifest lists: never a silent loss."""
+    kinds = ", ".join(sorted({"." + name.rpartition(".")[2] for t in thinned for name in t.missing}))
+    lists = "its manifest lists" if len(thinned) == 1 else "their manifests list"
+    return (f"{plural(len(thinned), 'kernel')} packed without files {lists} that are gone "
+            f"({plural(sum(len(t.missing) for t in thinned), 'file')}: {kinds}; {shown([t.path for t in thinned])}): "
+            "Triton loads a kernel from its metadata and binary, so the archive lists what is left, as --binary-only "
+            "does, and Triton hits it")
+
+
 def count_words(kinds: dict[str, int]) -> str:
     labels = {"group": "kernel", "autotune": "autotune result", "file": "file"}
     parts = [f"{n} {labels[k]}{'' if n == 1 else 's'}" for k, n in kinds.items() if n]
@@ -71,6 +88,7 @@ class PackResult(NamedTuple):
     cubins: int | None = None  # with --splice-ptx: cubins beside their group's .ptx (None: not counted)
     spliced: int | None = None  # of those, stored without the PTX text they embed (spec §5.1)
     triton_note: str | None = None  # why the archive records less than the local Triton's fingerprint
+    thinned: Sequence[Thinned] = ()
 
     @property
     def written_archive(self) -> str:
@@ -92,6 +110,8 @@ class PackResult(NamedTuple):
         lines += left_out_lines(self.not_selected, self.not_since)
         if self.foreign_manifests:
             lines.append(foreign_manifests_line(self.foreign_manifests))
+        if self.thinned:
+            lines.append(thinned_line(self.thinned))
         if self.triton_note:
             lines.append(self.triton_note)
         if self.cubins == 0:
@@ -105,6 +125,7 @@ class PackResult(NamedTuple):
     def to_dict(self) -> dict:
         d = self._asdict()
         d["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
+        d["thinned"] = [{"path": t.path, "missing": list(t.missing)} for t in self.thinned]
         d["ratio"] = round(self.ratio, 3)
         return d
 
