@@ -169,6 +169,31 @@ def test_pack_forks_its_scan_only_for_the_command_and_when_safe(tmp_path, odd_ro
     assert (tmp_path / "threaded.tpack").read_bytes() == (tmp_path / "api.tpack").read_bytes()
 
 
+def test_no_fork_beside_a_native_thread(tmp_path, odd_root, counted_forks, monkeypatch):
+    """A host program's native threads (torch's, CUDA's) are no ``threading.Thread``: the kernel counts them. Here
+    one of CPython's own, faulthandler's watchdog."""
+    import faulthandler
+
+    from tritonpack.commands import pack_output
+
+    monkeypatch.setattr(cacheroot, "ITEMS_PER_PROCESS", 8)
+    monkeypatch.setattr(cacheroot, "cores", lambda: 4)
+    faulthandler.dump_traceback_later(3600)
+    try:
+        assert threading.active_count() == 1 and not forking.fork_safe()
+        pack_output(str(odd_root), str(tmp_path / "native.tpack"), quiet=True)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert not counted_forks
+    tritonpack.pack(odd_root, tmp_path / "api.tpack")
+    assert (tmp_path / "native.tpack").read_bytes() == (tmp_path / "api.tpack").read_bytes()
+    for _ in range(100):  # the watchdog ends as it is cancelled, but the kernel may count it a moment longer
+        if forking.fork_safe():
+            break
+        time.sleep(0.01)
+    assert forking.fork_safe()
+
+
 def _reap_every_child(signum, frame) -> None:
     """A host program's SIGCHLD handler that reaps whatever child ended, tritonpack's too."""
     with contextlib.suppress(ChildProcessError):

@@ -1,8 +1,8 @@
 """Forked processes for the command: when a fork is safe, and a map over parts of a job.
 
-A fork copies whatever locks other threads hold, and ``threading`` cannot see a host program's native threads
-(torch's); so only the CLI, which is its own process, asks for forks (``processes=True`` in the API), and only
-where ``fork_safe`` says so.
+A fork copies whatever locks other threads hold; so only the CLI, which is its own process, asks for forks
+(``processes=True`` in the API), and only where ``fork_safe`` says so: one thread, counted by the kernel, since
+``threading`` cannot see a host program's native threads (torch's, CUDA's, a C extension's).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO, TypeVar
 
@@ -22,12 +23,33 @@ Result = TypeVar("Result")
 
 
 def fork_safe() -> bool:
-    """Linux, no other Python thread, and SIGCHLD left to its default: a process that ignores it (inherited
-    through exec from whoever started it) has its children reaped by the kernel, and a host program's handler
-    may reap them itself (``waitpid(-1)``); either way this process could not wait for its children, nor tell one
-    that finished from one that was killed. A handler Python does not know of (None) is taken as one."""
-    return (sys.platform.startswith("linux") and threading.active_count() == 1
+    """Linux, no other thread, and SIGCHLD left to its default: a process that ignores it (inherited through exec
+    from whoever started it) has its children reaped by the kernel, and a host program's handler may reap them
+    itself (``waitpid(-1)``); either way this process could not wait for its children, nor tell one that finished
+    from one that was killed. A handler Python does not know of (None) is taken as one."""
+    return (sys.platform.startswith("linux") and threading.active_count() == 1 and _one_thread()
             and signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)
+
+
+def _one_thread() -> bool:
+    """Whether the kernel counts one thread here, given a few ms: a Python thread just joined is still counted
+    until its last instructions have run."""
+    for _ in range(5):
+        if _threads() == 1:
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def _threads() -> int:
+    """This process's threads, native ones included, as the kernel counts them (1 where it cannot be read)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return 1
+    start = status.find(b"\nThreads:")
+    return int(status[start + 9:status.index(b"\n", start + 1)]) if start >= 0 else 1
 
 
 @contextlib.contextmanager
