@@ -107,6 +107,37 @@ def test_a_caller_waits_for_the_lock_holder(tmp_path, archive):
     assert result["waited"] and result["status"] == "unpacked"
 
 
+def test_a_long_wait_is_said_naming_the_holder(tmp_path, archive, monkeypatch, capsys):
+    """A rank stuck behind another that hangs (stopped, or on a stalled mount) waited in silence: the command now
+    says who holds the lock, at 5 s and at each doubling; the holder writes its pid and host into the lock file."""
+    import fcntl
+    import threading
+
+    from tritonpack import ensuring
+
+    monkeypatch.setattr(ensuring, "WAIT_NOTE_AFTER", 0.1)
+    root = tmp_path / "root"
+    (root / ".tritonpack").mkdir(parents=True)
+    tritonpack.check(archive)
+    lock = open(root / ".tritonpack" / "lock", "w")  # noqa: SIM115  # held by the timer below
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    lock.write("pid 4242 on host-a\n")
+    lock.flush()
+    release = threading.Timer(0.5, lock.close)
+    release.start()
+    try:
+        assert main(["ensure", str(archive), "--cache-dir", str(root)]) == 0
+    finally:
+        release.join()
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("waiting ")]
+    assert 2 <= len(said) <= 3 and all(f"s for pid 4242 on host-a, which holds {root}/.tritonpack/lock" in line
+                                       for line in said), err
+    assert (root / ".tritonpack" / "lock").read_text() == f"pid {os.getpid()} on {os.uname().nodename}\n"
+    assert tritonpack.ensure(archive, root).status == "present"
+    assert main(["ensure", str(archive), "--cache-dir", str(root), "-q"]) == 0 and not capsys.readouterr().err
+
+
 def versions(archive, count: int, monkeypatch) -> list:
     """``count`` versions of the archive, as a deploy makes: the same entries, each its own digest (its date)."""
     made = []

@@ -331,7 +331,13 @@ def ensure(
     from .heap import fix_malloc_thresholds
 
     fix_malloc_thresholds()
-    _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict, processes=True), as_json, quiet)
+
+    def waiting(seconds: float, holder: str, lock: str) -> None:
+        if not quiet:
+            print_error(f"waiting {seconds:.0f} s for {holder}, which holds {lock} (unpacking into that root)")
+
+    _emit(ensure_archive(archive, cache_dir, targets=target or None, strict=strict, processes=True,
+                         waiting=waiting), as_json, quiet)
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})

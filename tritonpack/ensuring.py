@@ -44,7 +44,7 @@ import stat
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from . import __version__
@@ -264,11 +264,16 @@ def _lock_file(directory: str) -> int | str:
         raise CacheError(f"cannot lock: {e.strerror}", directory) from e
 
 
+Waiting = Callable[[float, str, str], None]  # (seconds waited so far, who holds it: "pid 12 on host-a", the lock)
+WAIT_NOTE_AFTER = 5.0  # a wait this long is said (``ensure``'s ``waiting``), then again at each doubling
+
+
 @contextlib.contextmanager
-def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
+def _exclusive(directory: str, waiting: Waiting | None = None) -> Iterator[tuple[bool, str]]:
     """An exclusive ``flock`` on ``directory/lock``; yields whether another process held it first, and why there
     is no lock ("" when there is one). A directory this process may not write takes none: no unpack can write
-    there either, and one that finds every entry in place writes nothing, so it need not wait for others."""
+    there either, and one that finds every entry in place writes nothing, so it need not wait for others. The
+    holder writes who it is into the lock file, so that a long wait can name it (``waiting``)."""
     import fcntl
 
     fd = _lock_file(directory)
@@ -280,8 +285,11 @@ def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             waited = False
         except BlockingIOError:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _wait_for_lock(fd, os.path.join(directory, "lock"), waiting)
             waited = True
+        with contextlib.suppress(OSError):  # a name for the waiters' notes, nothing more
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename or 'this host'}\n".encode(), 0)
     except OSError as e:
         os.close(fd)
         raise CacheError(f"cannot lock: {e.strerror}", directory) from e
@@ -289,6 +297,35 @@ def _exclusive(directory: str) -> Iterator[tuple[bool, str]]:
         yield waited, ""
     finally:
         os.close(fd)  # releases the lock
+
+
+def _wait_for_lock(fd: int, path: str, waiting: Waiting | None) -> None:
+    """Block until the lock is this process's; with ``waiting``, poll instead (at most 0.1 s behind its release)
+    and say who holds it at ``WAIT_NOTE_AFTER`` seconds and at each doubling: a rank stuck behind another that
+    hangs (a stopped process, a stalled mount) is then seen, where it waited in silence."""
+    import fcntl
+
+    if waiting is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    began = time.monotonic()
+    note_at, pause = WAIT_NOTE_AFTER, 0.005
+    while True:
+        time.sleep(pause)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        pause = min(pause * 2, 0.1)
+        waited = time.monotonic() - began
+        if waited >= note_at:
+            try:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            except OSError:
+                holder = ""
+            waiting(waited, holder or "another process", path)
+            note_at *= 2
 
 
 def _unpack(archive: str, root: str, digest: str, targets: list[str] | None,
@@ -487,13 +524,13 @@ def _remove_bare(root: str, stamp_dir: str, missing: str) -> None:
 
 
 def _ensured(path: str, root: str, stamp_dir: str, digest: str, env_key: str, targets: list[str] | None,
-             processes: bool, start: float) -> EnsureResult:
+             processes: bool, start: float, waiting: Waiting | None) -> EnsureResult:
     """The stamp's result if it holds, else unpack (one process at a time) and stamp."""
     stamp = _stamp_path(stamp_dir, digest, env_key)
     result = _stamped(stamp, root, path, False, start)
     if result is None:
         missing = _first_missing(root)  # made for the lock: gone again if the unpack fails and leaves it bare
-        with _exclusive(stamp_dir) as (waited, unlocked):
+        with _exclusive(stamp_dir, waiting) as (waited, unlocked):
             result = _stamped(stamp, root, path, waited, start)  # the process we waited for did it
             if result is None:
                 try:
@@ -517,6 +554,7 @@ def ensure(
     targets: list[str] | None = None,
     strict: bool = False,
     processes: bool = False,
+    waiting: Waiting | None = None,
 ) -> EnsureResult:
     """Make the archive's usable entries present under the cache root (Triton's default when ``None``), once.
 
@@ -524,7 +562,8 @@ def ensure(
     be used here, nothing is written and the result says so (``status == "unusable"``); ``strict`` raises
     ``IncompatibleError`` instead. ``targets`` and ``processes`` as for ``unpack``. A stream (``-``, standard
     input) is read whole at every call: its digest is in the trailer at its end. An hf:// URL at a commit is not
-    read at all once ensured.
+    read at all once ensured. ``waiting(seconds, holder, lock)`` is called while another process unpacks into the
+    root, after ``WAIT_NOTE_AFTER`` seconds and at each doubling of the wait (``holder``: "pid 12 on host-a").
     """
     from .remote import same_archives, shown
     from .streams import kept_streams
@@ -549,7 +588,7 @@ def ensure(
                     raise
                 result.unreachable = e.message
             else:
-                result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start)
+                result = _ensured(path, root, stamp_dir, digest, env_key, targets, processes, start, waiting)
                 if _is_remote(path):
                     unrecorded = _record_location(_location_record(stamp_dir, path, env_key), path, env_key, digest)
                     result.unstamped = result.unstamped or unrecorded
