@@ -421,6 +421,7 @@ FILE_SERVER_MODES = {
     "short-body": "206 with the Content-Range asked, and a body of half of it",
     "dropped-once": "206 as asked, but the first reply of each range ends halfway, its connection closed",
     "silent-blocks": "206 for the trailer, header and index (the first three requests); then silent until closed",
+    "endless-ranges": "206 with the Content-Range asked, chunked, and a body that never ends (64 KiB chunks)",
 }
 
 
@@ -464,6 +465,8 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
                 self.wfile.write(body[:len(body) // 2])
                 self.close_connection = True
                 return
+            if mode == "endless-ranges":
+                return self.endless(headers)
             if mode == "gzip-ranges":
                 body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
             self.answer(206, body, chunked=mode == "chunked-ranges", headers=headers)
@@ -472,6 +475,20 @@ def file_server(path: Path, mode: str) -> Iterator[str]:
             self.send_response(200)
             self.send_header("Content-Length", str(path.stat().st_size))
             self.end_headers()
+
+        def endless(self, headers: dict[str, str]) -> None:
+            self.send_response(206)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"%x\r\n%s\r\n" % (1 << 16, bytes(1 << 16))
+            try:
+                while not closing.is_set():
+                    self.wfile.write(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
 
         def answer(self, status: int, body: bytes, chunked: bool, headers: dict[str, str] | None = None) -> None:
             self.send_response(status)

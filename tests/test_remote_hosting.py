@@ -293,6 +293,20 @@ def test_replies_that_are_not_the_bytes_asked_for_are_refused_before_they_are_re
     assert not (tmp_path / "root").exists()
 
 
+def test_a_reply_whose_body_never_ends_is_cut_at_the_range_s_length(archive, tmp_path, capsys):
+    """A 206 of the range asked, chunked (no Content-Length to refuse it by), whose body never ends: it was read
+    into memory until the range's deadline, at the server's rate (gigabytes on loopback)."""
+    with file_server(archive, "endless-ranges") as base:
+        url = f"{base}/k.tpack"
+        for command in (["list", url], ["unpack", url, "--cache-dir", str(tmp_path / "root")]):
+            began = time.monotonic()
+            assert main(command) == 7
+            assert one_line_error(capsys, url) == (f"the server sent more than the {TRAILER_SIZE} bytes asked for in "
+                                                   "one reply (a body that does not end, or not the range asked)")
+            assert time.monotonic() - began < 10
+    assert not (tmp_path / "root").exists()
+
+
 def test_a_connection_dropped_within_a_reply_is_asked_again(archive, tmp_path, capsys):
     """A reply whose connection ends before its Content-Length (a proxy's idle cut, a backend restarting): asked
     again, as a dropped connection before its reply is (it failed the read, with aiohttp's repr)."""

@@ -404,6 +404,32 @@ def _deadline(start: int | None, end: int | None):
                                  sock_read=SERVER_TIMEOUT[1])
 
 
+async def _cat_range(fs, url: str, start: int | None = None, end: int | None = None, **kwargs) -> bytes:
+    """fsspec's HTTP ``_cat_file`` of bytes ``start`` to ``end`` (negative ``start``: the last ``-start``), its
+    body read no further than the range's length: a 206 of no Content-Length (a proxy that streams it chunked)
+    that never ended was read into memory until the range's deadline, at the server's rate."""
+    options = {**fs.kwargs, **kwargs}
+    headers = dict(options.pop("headers", None) or {})
+    if start is not None and start < 0:
+        headers["Range"] = f"bytes={start}"
+    elif start is not None or end is not None:
+        headers["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+    asked = _asked(headers.get("Range", ""))
+    limit = None if asked is None else _asked_length(asked)
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **options) as response:
+        fs._raise_not_found_for_status(response, url)
+        if limit is None:
+            return await response.read()
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(1 << 20):
+            body += chunk
+            if len(body) > limit:
+                raise _Refused(f"the server sent more than the {limit} bytes asked for in one reply (a body that "
+                               "does not end, or not the range asked)")
+        return bytes(body)
+
+
 def _asked_again(fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, asked up to ``HTTP_ATTEMPTS`` times where ``_again_in`` says so."""
     for attempt in range(HTTP_ATTEMPTS):
@@ -535,7 +561,7 @@ class FsspecSource:
         import asyncio
 
         deadline = _deadline(where.get("start"), where.get("end"))
-        future = asyncio.run_coroutine_threadsafe(self._fs._cat_file(url, timeout=deadline, **where), self._fs.loop)
+        future = asyncio.run_coroutine_threadsafe(_cat_range(self._fs, url, timeout=deadline, **where), self._fs.loop)
         self._reading.add(future)
         try:
             return future.result()
