@@ -147,21 +147,21 @@ def _scanned(cache_dir: str):
     return root, scan
 
 
-def _points_elsewhere(root: str, entry: LocalEntry) -> bool:
-    """Whether a group's manifest points into another root, or names its files by relative paths (a relative
-    ``TRITON_CACHE_DIR``), which Triton finds from one working directory only; not one that names its own files
-    another way (the root behind a symbolic link, ``~/.triton -> /cache``), which Triton reads as they are."""
+def _points_elsewhere(root: str, entry: LocalEntry) -> str | None:
+    """Where a group's manifest points when not at its own files: ``"relative"`` where it names them by relative
+    paths (a relative ``TRITON_CACHE_DIR``), which Triton finds from one working directory only, ``"elsewhere"``
+    where into another root; None for its own files, also named another way (the root behind a symbolic link,
+    ``~/.triton -> /cache``), which Triton reads as they are. The manifest is read once."""
     if not entry.foreign_manifest:
-        return False
+        return None
     key_dir = os.path.join(root, entry.key)
     manifest = read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
-    return not names_these_files(key_dir, manifest, names_of(entry.files))
-
-
-def _relative(root: str, entry: LocalEntry) -> bool:
-    manifest = read_manifest(os.path.join(root, entry.key, manifest_name(entry.name)))
+    if names_these_files(key_dir, manifest, names_of(entry.files)):
+        return None
     children = manifest.get("child_paths") if isinstance(manifest, dict) else None
-    return isinstance(children, dict) and any(isinstance(p, str) and not os.path.isabs(p) for p in children.values())
+    relative = isinstance(children, dict) and any(isinstance(p, str) and not os.path.isabs(p)
+                                                  for p in children.values())
+    return "relative" if relative else "elsewhere"
 
 
 def _skipped_state(skipped) -> tuple[str, str] | None:
@@ -189,8 +189,8 @@ def verify(cache_dir: str) -> VerifyReport:
                                                           "so does Triton's compile (tritonpack relocate fixes it)"))
         elif entry.missing and not ok:
             report.groups.append(GroupState(path, BROKEN, _gone(entry)))
-        elif _points_elsewhere(root, entry):
-            if _relative(root, entry):
+        elif (pointing := _points_elsewhere(root, entry)) is not None:
+            if pointing == "relative":
                 state, detail = BROKEN, ("names its files by relative paths, which Triton finds from one working "
                                          "directory only (tritonpack relocate fixes it)")
             elif ok:
@@ -223,7 +223,7 @@ def relocate(cache_dir: str) -> RelocateReport:
     root, scan = _scanned(cache_dir)
     report = RelocateReport(root)
     for entry in (e for e in scan.entries if e.kind == GROUP):
-        if not (entry.missing or _points_elsewhere(root, entry)):
+        if not entry.missing and _points_elsewhere(root, entry) is None:
             report.already_ok += 1
             continue
         path = f"{entry.key}/{manifest_name(entry.name)}"
