@@ -406,8 +406,8 @@ def test_values_an_index_cannot_hold_are_left_out_or_skipped(tmp_path, root):
 
 
 def thin(root) -> dict[str, list[str]]:
-    """Remove every group's IR files, as a cleaner going by access time does (a hit reads only a kernel's metadata
-    and binary): each group's manifest path, and what it lost."""
+    """Remove every group's IR files, as a script slimming a root to its binaries does (``find -name '*.ptx'
+    -delete``): each group's manifest path, and what it lost."""
     lost = {}
     for manifest in sorted(root.glob("*/__grp__*.json")):
         names = json.loads(manifest.read_text())["child_paths"]
@@ -418,7 +418,7 @@ def thin(root) -> dict[str, list[str]]:
     return lost
 
 
-def test_a_group_a_cleaner_thinned_is_packed_with_what_is_left_and_triton_hits_it(tmp_path, root):
+def test_a_thinned_group_is_packed_with_what_is_left_and_triton_hits_it(tmp_path, root):
     """A group whose IR files are gone, its metadata and binary left: Triton 3.0-3.7 hits it where it is, and pack
     refused it ("incomplete group"), leaving those kernels out of the archive. It is packed with what is left, said
     so, and unpacked as a binary-only group, which every Triton hits."""

@@ -276,8 +276,8 @@ def test_key_directories_whose_mtimes_an_image_cut_to_seconds_are_the_stamped_on
 
 
 def test_a_file_removed_from_a_group_is_restored(tmp_path, archive):
-    """A cleaner that removes the IR files Triton never reads again (by atime) leaves the manifests: Triton 3.8+
-    then misses the group. The stamp sees the key directory changed, and ensure writes the file again."""
+    """IR files removed to slim a root (the binaries kept) leave the manifests listing them: Triton 3.8+ then
+    misses the group. The stamp sees the key directory changed, and ensure writes the file again."""
     def contents():
         return {path: (size, digest) for path, (size, _, digest) in snapshot(root).items()
                 if not path.startswith(".tritonpack/")}  # the stamp records the directories' new mtimes

@@ -146,7 +146,7 @@ class LocalEntry(NamedTuple):
     autotune: AutotuneInfo | None = None
     stub: StubInfo | None = None
     foreign_manifest: bool = False  # the manifest pointed outside its own directory
-    # files the manifest lists that are gone (a cleaner removed a group's IR files): the entry holds the rest
+    # files the manifest lists that are gone (IR files removed to slim the root): the entry holds the rest
     missing: tuple[str, ...] = ()
 
     @property

@@ -5,8 +5,8 @@ stamp in ``<root>/.tritonpack/``, named after the archive digest and a key of th
 Later calls read the archive's 64-byte trailer, compute that key from a few ``stat`` calls, find the stamp and
 check that it is this root's (a root copied or mounted elsewhere has manifests naming the old path) and that none of
 the key directories it lists has changed since: one ``stat`` a directory, whose mtime changes with every file removed
-from it, added or renamed (a cleaner that deletes the IR files Triton never reads again makes Triton 3.8+ miss the
-group). An image's layers keep mtimes to the second only: an mtime of whole seconds is taken for the one stamped in
+from it, added or renamed (IR files deleted to slim the root make Triton 3.8+ miss
+the group). An image's layers keep mtimes to the second only: an mtime of whole seconds is taken for the one stamped in
 that second. No index decoding, no Triton import, no fingerprint.
 
 Many processes may call it at once (every rank of a job): the first takes an exclusive ``flock`` on

@@ -75,9 +75,10 @@ class RelocateReport:
 
         lines = _alike_lines(("not fixed", reason, path) for path, reason in self.not_fixed)
         if self.trimmed:
+            lists = "it lists" if len(self.trimmed) == 1 else "they list"
             lines.append(f"{plural(len(self.trimmed), 'manifest')} of those relocated listed files that are gone (IR "
-                         f"files a cleaner removed?): now {'it lists' if len(self.trimmed) == 1 else 'they list'} "
-                         f"what is left, the kernel's metadata and binary among it: {shown(self.trimmed)}")
+                         f"files removed to slim the root?): now {lists} what is left, the kernel's metadata and "
+                         f"binary among it: {shown(self.trimmed)}")
         return lines
 
     def to_dict(self) -> dict:
@@ -215,7 +216,7 @@ def verify(cache_dir: str) -> VerifyReport:
 
 def _gone(entry: LocalEntry) -> str:
     kinds = ", ".join(sorted({"." + name.rpartition(".")[2] for name in entry.missing}))
-    return (f"lists files that are gone ({kinds}: removed by a cleaner?), and Triton 3.8+ recompiles a group that "
+    return (f"lists files that are gone ({kinds}: removed to slim the root?), and Triton 3.8+ recompiles a group that "
             "lacks any; its metadata and binary are here (tritonpack relocate lists what is left, and Triton hits it)")
 
 

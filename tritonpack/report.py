@@ -37,7 +37,8 @@ def foreign_manifests_line(n: int) -> str:
 
 
 class Thinned(NamedTuple):
-    """A group packed without files its manifest lists that are gone (IR files a cleaner removed)."""
+    """A group packed without files its manifest lists that are gone (IR files removed to slim the root, or left
+    out by a copy)."""
 
     path: str  # key/manifest, relative to the root
     missing: tuple[str, ...]
