@@ -989,7 +989,7 @@ def _commit_entry(root: str, entry: dict, decision: Decision, created: list[str]
         return
     if not os.path.isdir(directory):
         created.extend(_make_directories(directory))
-    if entry["kind"] == "group" and again.todo and again.manifest_seen:
+    if entry["kind"] == "group" and again.todo and again.manifest_seen and again.action == REPLACE:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{directory}/__grp__{entry['name']}.json")
     to_write = {name for name, _ in again.todo}

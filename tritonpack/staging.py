@@ -479,8 +479,9 @@ def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[P
             w.discard(temp)
         w.discard(staged.temp(MANIFEST))
         return now, 0, 0
-    if p.entry.kind == GROUP and now.files and now.manifest_seen:
-        # Hide the group from Triton while its files change; it comes back, complete, with the new manifest.
+    if p.entry.kind == GROUP and now.files and now.manifest_seen and now.action == REPLACE:
+        # Hide the group from Triton while files it lists change; it comes back, complete, with the new manifest.
+        # A group that only gains absent files (thinned, binary-only) stays visible: Triton hits it meanwhile.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
     written = size = 0
