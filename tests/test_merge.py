@@ -109,6 +109,49 @@ COMPILE_HERE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("order", ["full first", "thinned first"])
+def test_a_thinned_copy_of_a_group_is_the_same_kernel_and_the_fuller_one_is_kept(tmp_path, compiled_root, order,
+                                                                                  capsys):
+    """One host's cache thinned to its binaries, another's whole: merge raised a conflict blaming the source path
+    (exit 9), and --prefer could keep the IR-less copy. The copy with more files is kept, said, in either order."""
+    root = tmp_path / "root"
+    shutil.copytree(compiled_root, root)
+    full, thinned, out = tmp_path / "full.tpack", tmp_path / "thin.tpack", tmp_path / "m.tpack"
+    tritonpack.pack(root, full)
+    for manifest in root.glob("*/__grp__*.json"):
+        for name in json.loads(manifest.read_text())["child_paths"]:
+            if not name.endswith((".json", ".cubin", ".hsaco")):
+                (manifest.parent / name).unlink()
+    tritonpack.pack(root, thinned)
+    inputs = [full, thinned] if order == "full first" else [thinned, full]
+    for prefer in (None, "first", "last"):
+        result = tritonpack.merge(inputs, out, prefer=prefer)
+        assert contents(out) == contents(full) and result.conflicts == []
+        groups = sum(1 for _, kind, _ in contents(full) if kind == "group")
+        assert len(result.fuller_kept) == groups and result.identical == len(contents(full))
+        assert all(f"kept from {full}, whose copy has files {thinned}'s lacks" in c for c in result.fuller_kept)
+    assert main(["merge", str(thinned), str(full), "-o", str(out)]) == 0
+    assert "a kernel with fewer files in one input (thinned, binary-only), the fuller copy kept" in \
+        capsys.readouterr().err
+
+
+def test_copies_of_a_group_that_each_lack_a_file_of_the_other_still_conflict(tmp_path, compiled_root):
+    root = tmp_path / "root"
+    shutil.copytree(compiled_root, root)
+    manifest = sorted(root.glob("*/__grp__*.json"))[0]
+    names = json.loads(manifest.read_text())["child_paths"]
+    ir = sorted(n for n in names if not n.endswith((".json", ".cubin", ".hsaco")))
+    archives = []
+    for n, gone in enumerate((ir[0], ir[1])):
+        copy = tmp_path / f"r{n}"
+        shutil.copytree(root, copy)
+        (copy / manifest.parent.name / gone).unlink()
+        archives.append(tmp_path / f"{n}.tpack")
+        tritonpack.pack(copy, archives[-1])
+    with pytest.raises(tritonpack.ConflictError):
+        tritonpack.merge(archives, tmp_path / "m.tpack")
+
+
 def test_every_conflict_is_counted_and_their_usual_cause_said(tmp_path, compiled_root, halves, capsys):
     """Per-model archives recorded on other machines: a kernel compiled from its source file at another path has
     the same cache key and other files (the path is in its IR and metadata), a conflict the user settles with

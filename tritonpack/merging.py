@@ -60,6 +60,8 @@ class MergeResult:
     # "key/name (kind): ...": of those, autotune results and files the inputs attribute to different Tritons
     identical_other_triton: list[str]
     conflicts: list[str]  # "key/name (kind)": resolved by prefer
+    # "key/name (group): ...": of the identical, groups one input holds fewer files of (thinned, binary-only)
+    fuller_kept: list[str]
     versions_written: int  # autotune results and files whose Triton version the output names (format 1.2)
     unknown_written: int  # those it says it cannot name one of, where it would attribute them to one (format 1.3)
     prefer: str | None
@@ -94,6 +96,10 @@ class MergeResult:
         lines = [f"conflict resolved (--prefer {self.prefer}): {c}" for c in self.conflicts[:10]]
         if len(self.conflicts) > 10:
             lines.append(f"... and {len(self.conflicts) - 10} more conflicts")
+        lines += [f"a kernel with fewer files in one input (thinned, binary-only), the fuller copy kept: {c}"
+                  for c in self.fuller_kept[:10]]
+        if len(self.fuller_kept) > 10:
+            lines.append(f"... and {len(self.fuller_kept) - 10} more kept from the input with more files")
         lines += [f"the same bytes from different Tritons, stored once: {c}" for c in self.identical_other_triton[:10]]
         if len(self.identical_other_triton) > 10:
             lines.append(f"... and {len(self.identical_other_triton) - 10} more stored once from different Tritons")
@@ -118,6 +124,20 @@ class MergeResult:
 
 def _content(entry: Entry) -> tuple:
     return tuple((f.name, f.sha256) for f in entry.files)
+
+
+def _fuller(first: Entry, other: Entry) -> Entry | None:
+    """Of two copies of one group whose files agree where both have them, the one holding all of the other's (a
+    whole group beside a thinned or binary-only copy of it: the same kernel, which no ``--prefer`` need settle);
+    None where each lacks a file of the other, or a file differs."""
+    if first.kind != GROUP:
+        return None
+    mine, theirs = dict(_content(first)), dict(_content(other))
+    if any(mine[name] != theirs[name] for name in mine.keys() & theirs.keys()):
+        return None
+    if mine.keys() >= theirs.keys():
+        return first
+    return other if theirs.keys() >= mine.keys() else None
 
 
 def merged_info(parts: Sequence[tuple[ArchiveInfo, set[str]]], created: int | None) -> ArchiveInfo:
@@ -267,6 +287,7 @@ def merge(
         identical = 0
         identical_other_triton: list[str] = []
         conflicts: list[str] = []
+        fuller_kept: list[str] = []
         clashes: list[tuple[int, str]] = []  # (input, what differs from whose): unsettled, without prefer
         left_out: set[tuple[str, str, str]] = set()
         offer = Offered()
@@ -291,6 +312,15 @@ def merge(
                     identical += 1
                     if earlier[0] != this[0]:
                         identical_other_triton.append(f"{where}{_tritons(earlier, this)}: kept as {earlier[1]}'s")
+                    continue
+                fuller = _fuller(first, entry)
+                if fuller is not None:
+                    identical += 1
+                    thinner = names[source] if fuller is first else names[first_source]
+                    kept = names[first_source] if fuller is first else names[source]
+                    fuller_kept.append(f"{where}: kept from {kept}, whose copy has files {thinner}'s lacks")
+                    if fuller is entry:
+                        chosen[ident] = (source, number, entry)
                     continue
                 if prefer is None:
                     clashes.append((source, f"{where} differs from {earlier[1]}'s{_tritons(earlier, this)}"))
@@ -333,6 +363,7 @@ def merge(
             identical=identical,
             identical_other_triton=identical_other_triton,
             conflicts=conflicts,
+            fuller_kept=fuller_kept,
             versions_written=sum(v is not None for v, _ in named.values()),
             unknown_written=sum(unknown for _, unknown in named.values()),
             prefer=prefer,
