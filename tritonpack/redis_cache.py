@@ -11,7 +11,8 @@ under its own ``TRITON_CACHE_DIR``; ``get_group`` then fetches those names and (
 Autotune results and launcher stubs are plain files (``get_file``).
 
 A value has no path in it, so unlike a directory there is nothing to relink: an entry is present when every value
-is identical, in conflict when one differs, and written otherwise; a group's manifest goes last.
+is identical (a group's stored manifest may list more files: the whole group beside a thinned copy), in conflict
+when one differs, and written otherwise; a group's manifest goes last.
 """
 from __future__ import annotations
 
@@ -137,9 +138,8 @@ def plan(client, url: str, fmt: str, chosen: Sequence[tuple[Sequence[int], Entry
             values.append((redis_key(fmt, entry.key, f.name), f.size,
                            lambda data, digest=f.sha256: hashlib.sha256(data).digest() == digest))
         if entry.kind == GROUP:
-            expected = json.loads(manifest_value(entry))
             values.append((redis_key(fmt, entry.key, manifest_name(entry.name)), None,
-                           lambda data, e=expected: _json(data) == e))
+                           lambda data, names=frozenset(entry.file_names): _lists_all(data, names)))
         spans.append((first, len(values)))
     states = _states(client, url, values)
     plans = []
@@ -147,6 +147,14 @@ def plan(client, url: str, fmt: str, chosen: Sequence[tuple[Sequence[int], Entry
         action, todo = decide(states[first:last], overwrite)
         plans.append(Placement(entry, blobs, action, tuple(i for i in todo if i < len(entry.files))))
     return plans
+
+
+def _lists_all(data: bytes, names: frozenset[str]) -> bool:
+    """Whether a stored manifest lists each of ``names``: one that lists more is the whole group beside a thinned
+    or binary-only copy of it, which an unpack must not make smaller (as into a directory)."""
+    manifest = _json(data)
+    children = manifest.get("child_paths") if isinstance(manifest, dict) else None
+    return isinstance(children, list) and all(isinstance(c, str) for c in children) and names <= set(children)
 
 
 def _json(data: bytes):
