@@ -157,7 +157,7 @@ def _points_elsewhere(root: str, entry: LocalEntry) -> str | None:
         return None
     key_dir = os.path.join(root, entry.key)
     manifest = read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
-    if names_these_files(key_dir, manifest, names_of(entry.files)):
+    if names_these_files(key_dir, manifest, [*names_of(entry.files), *entry.missing]):  # what it lists, gone too
         return None
     children = manifest.get("child_paths") if isinstance(manifest, dict) else None
     relative = isinstance(children, dict) and any(isinstance(p, str) and not os.path.isabs(p)
