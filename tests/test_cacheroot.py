@@ -485,6 +485,21 @@ def test_a_thinned_group_behind_a_linked_root_is_its_own_not_another_root_s(tmp_
     assert states == ({path: "broken" for path in lost} if strict else {})
 
 
+@pytest.mark.parametrize("there_as", ["link", "directory"])
+def test_a_listed_ir_name_there_as_no_file_skips_the_group_saying_what_it_is(tmp_path, root, there_as):
+    ttir = next(root.glob("*/*.ttir"))
+    manifest = next(ttir.parent.glob("__grp__*.json"))
+    ttir.rename(tmp_path / ttir.name)
+    if there_as == "link":
+        ttir.symlink_to(tmp_path / ttir.name)
+    else:
+        ttir.mkdir()
+    result = tritonpack.pack(root, tmp_path / "k.tpack")
+    what = "a symbolic link (never followed)" if there_as == "link" else "no file"
+    assert (f"{manifest.parent.name}/{manifest.name}", f"incomplete group: {ttir.name} is {what}") in \
+        [(s.path, s.reason) for s in result.skipped]
+
+
 @pytest.mark.parametrize("kind", [".json", ".cubin"])
 def test_a_group_that_lost_its_metadata_or_binary_is_not_packed(tmp_path, root, kind):
     cubin = next(root.glob("*/*.cubin"))

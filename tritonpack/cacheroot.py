@@ -408,7 +408,10 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], unrea
         needed = binary_only_names(group_name, names)
         lost = next((n for n in missing if n in needed or os.path.lexists(f"{key_dir}{os.sep}{n}")), None)
         if lost is not None or len(needed) < 2:
-            skipped.append(Skipped(rel, f"incomplete group: {lost or missing[0]} is missing"))
+            name = lost or missing[0]
+            what = "missing" if not os.path.lexists(f"{key_dir}{os.sep}{name}") else (
+                "a symbolic link (never followed)" if os.path.islink(f"{key_dir}{os.sep}{name}") else "no file")
+            skipped.append(Skipped(rel, f"incomplete group: {name} is {what}"))
             return None
         names = [n for n in names if n in files]
     metadata = _read_json(f"{key_dir}{os.sep}{metadata_name}", files[metadata_name])
