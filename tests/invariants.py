@@ -62,6 +62,8 @@ def group_problems(root, allowed: dict[tuple[str, str], list[dict[str, str]]] | 
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{rel}: unreadable manifest ({e})")
             continue
+        if children == {}:  # hidden by a replace (cachedest.HIDDEN_MANIFEST): no visible group
+            continue
         missing = [c for c, p in children.items() if not os.path.isfile(p)]
         outside = [c for c, p in children.items() if os.path.dirname(p) != os.path.join(root, key)]
         if missing or outside:

@@ -676,7 +676,7 @@ def _group_table(root: str, entry: dict, states: list[str], manifest: Any, overw
     """§8.1's table of groups, with ``O`` and ``gone``: an unpack never makes a group smaller unless it replaces it."""
     todo = tuple(file for file, state in zip(entry["files"], states, strict=True) if state != SAME)
     names = [name for name, _ in entry["files"]]
-    if manifest is None:
+    if manifest is None or manifest == {"child_paths": {}}:  # absent, or hidden by a replace that was stopped
         return Decision(WRITE, todo, tuple(names))
     kept, gone = kept_files(key_directory(root, entry["key"]), names, manifest)
     expected = (*names, *kept)
@@ -886,7 +886,7 @@ def _unpack(archive: Archive, root: str, overwrite: bool) -> dict[str, int]:
     try:
         for entry, decision in work:
             _stage(root, entry, decision, contents, lock, staged, temps)
-        _commit(root, work, staged, created, blobs, summary)
+        _commit(root, work, staged, created, blobs, summary, lock, temps)
     except BaseException:
         _remove_temps(temps, staged)
         lock.release()
@@ -951,7 +951,7 @@ def _stage(root: str, entry: dict, decision: Decision, contents: dict[int, bytes
 
 
 def _commit(root: str, work: list[tuple[dict, Decision]], staged: dict[str, str], created: list[str], blobs: list,
-            summary: dict[str, int]) -> None:
+            summary: dict[str, int], lock: RunLock, temps: list[str]) -> None:
     """§8.2 phase 2: a staged key directory by one rename (what the decision replaces removed first); in an
     existing one, entry by entry, decided again."""
     replacing = {entry["key"] for entry, decision in work if decision.replaces_key_path}
@@ -971,13 +971,13 @@ def _commit(root: str, work: list[tuple[dict, Decision]], staged: dict[str, str]
         if entry["key"] in committed:
             _count(summary, decision, blobs)
             continue
-        _commit_entry(root, entry, decision, created, blobs, summary)
+        _commit_entry(root, entry, decision, created, blobs, summary, lock, temps)
 
 
 def _commit_entry(root: str, entry: dict, decision: Decision, created: list[str], blobs: list,
-                  summary: dict[str, int]) -> None:
-    """§8.2's second decision for one entry, then its renames: the manifest deleted first where files change and
-    it was seen, renamed into place last; a replace's ``O`` removed after it."""
+                  summary: dict[str, int], lock: RunLock, temps: list[str]) -> None:
+    """§8.2's second decision for one entry, then its renames: the manifest hidden first where a replace saw it,
+    renamed into place last; a replace's ``O`` removed after it."""
     directory = key_directory(root, entry["key"])
     again = decide(root, entry, blobs, decision.action == REPLACE, again=True)
     if again.action in (PRESENT, CONFLICT, KEPT):
@@ -990,8 +990,10 @@ def _commit_entry(root: str, entry: dict, decision: Decision, created: list[str]
     if not os.path.isdir(directory):
         created.extend(_make_directories(directory))
     if entry["kind"] == "group" and again.todo and again.manifest_seen and again.action == REPLACE:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{directory}/__grp__{entry['name']}.json")
+        hiding = lock.name(directory)
+        _write_new(hiding, b'{"child_paths": {}}')
+        temps.append(hiding)
+        os.replace(hiding, f"{directory}/__grp__{entry['name']}.json")
     to_write = {name for name, _ in again.todo}
     for temp, name in entry["_temps"]:
         if name in to_write:

@@ -218,6 +218,47 @@ def test_completing_a_group_triton_hits_never_hides_it(tmp_path, compiled_root, 
     assert misses == [], f"{len(misses)} moments a group Triton hit was a miss, e.g. {misses[:3]}"
 
 
+def test_a_replace_hides_a_group_without_ever_removing_its_manifest(tmp_path, compiled_root, monkeypatch):
+    """--overwrite hides a group whose files change, as it must; it unlinked the manifest to do so, and Triton
+    3.0-3.7 open a manifest once they see it exists: a compile in between raised FileNotFoundError. The manifest
+    is now replaced by one that lists no file, which every Triton misses, and the user's scan says so."""
+    from invariants import triton_resolves
+
+    from tritonpack.cacheroot import scan_cache
+
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    groups = list(expected_groups(archive))
+    root = tmp_path / "root"
+    tritonpack.unpack(archive, root)
+    for key, name in groups:
+        with open(root / key / f"{name}.ttir", "ab") as f:
+            f.write(b" ")
+    absent, hidden = [], []
+    real_move = staging.StageWriter.move
+
+    def move(self, temp, final):
+        for key, name in groups:
+            manifest = root / key / f"__grp__{name}.json"
+            if not manifest.exists():
+                absent.append(name)
+            elif json.loads(manifest.read_text()) == {"child_paths": {}}:
+                hidden.append(name)
+                assert triton_resolves(root, key, name) in (False, None)
+        return real_move(self, temp, final)
+
+    monkeypatch.setattr(staging.StageWriter, "move", move)
+    result = tritonpack.unpack(archive, root, overwrite=True)
+    assert result.replaced == len(groups) and absent == [] and hidden
+    key, name = groups[0]
+    (root / key / f"__grp__{name}.json").write_text('{"child_paths": {}}')  # as a kill mid-replace leaves it
+    assert ("incomplete group: its manifest lists no file (an unpack --overwrite stopped while it replaced the group; "
+            "the next unpack completes it)") in [s.reason for s in scan_cache(str(root)).skipped]
+    monkeypatch.setattr(staging.StageWriter, "move", real_move)
+    again = tritonpack.unpack(archive, root)
+    assert again.written == 1 and not group_problems(root, allowed(archive))
+
+
 def test_differing_group_that_appears_meanwhile_is_kept(tmp_path, archive, monkeypatch):
     full = tmp_path / "full"
     tritonpack.unpack(archive, full)
@@ -521,7 +562,7 @@ def test_killed_at_every_step_of_an_overwrite(fast_tmp, compiled_root, where):
         reached = _killed_at(step, archive, root, True, where)
         problems = group_problems(root, versions)
         assert not problems, (where, step, problems)
-        seen.add(len(list(root.glob("*/__grp__*.json"))))
+        seen.add(sum(1 for m in root.glob("*/__grp__*.json") if json.loads(m.read_text())["child_paths"]))
         assert main(["unpack", str(archive), "--cache-dir", str(root), "--overwrite", "-q"]) == 0
         assert not temp_files(root) and not group_problems(root, allowed(archive))
         shutil.rmtree(root)

@@ -128,6 +128,15 @@ def _same_file(path: str, size: int, sha256: bytes) -> bool | str | None:
         return False
 
 
+HIDDEN_MANIFEST = b'{"child_paths": {}}'  # what a replace puts in a group's manifest while its files change
+
+
+def hidden(manifest) -> bool:
+    """Whether a parsed manifest is a replace's ``HIDDEN_MANIFEST``: a group Triton misses, whose files no
+    manifest Triton reads names, as if it had none (an unpack killed mid-replace leaves it; the next completes)."""
+    return isinstance(manifest, dict) and manifest == {"child_paths": {}}
+
+
 def read_manifest(path: str):
     """The parsed manifest; None if absent, ``DIRECTORY`` if a directory stands there, ``{}`` if it is anything
     else but JSON in a regular file (opened without blocking: a FIFO)."""
@@ -261,7 +270,7 @@ def _placement(root: str, entry: Entry, blobs: Sequence[int] | None, overwrite: 
     manifest = read_manifest(os.path.join(key_dir, manifest_name(entry.name)))
     if manifest == DIRECTORY:
         return Placement(entry, blobs, FILE_IS_DIRECTORY)
-    if manifest is None:  # files without a manifest are invisible to Triton: leftovers, safe to complete
+    if manifest is None or hidden(manifest):  # files no manifest names are invisible to Triton: safe to complete
         return Placement(entry, blobs, WRITE, todo)
     if differs and not overwrite:
         return Placement(entry, blobs, CONFLICT, (), True)

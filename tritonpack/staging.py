@@ -10,10 +10,11 @@
    rename fails rather than merge if the key directory appeared meanwhile with content. Then, and for existing
    key directories, it goes entry by entry: each entry is compared with the root again (``place``), because
    another unpack or a Triton compile may have completed it since the plan: what is now present is left alone, a
-   differing entry that appeared meanwhile is kept (reported as a conflict), and only a manifest that this
-   comparison saw is unlinked (replace, repair) before the entry's files are renamed in; the manifest is renamed
-   in last. A manifest that was absent is never hidden, so a concurrent writer's complete group stays visible
-   throughout.
+   differing entry that appeared meanwhile is kept (reported as a conflict), and only the manifest of a group to
+   replace, which this comparison saw, is hidden before the entry's files are renamed in: replaced by one that
+   lists no file (never unlinked: Triton 3.0-3.7 open it after seeing it exists), which every Triton misses. The
+   manifest is renamed in last. A manifest that was absent is never hidden, so a concurrent writer's complete
+   group stays visible throughout, and neither is that of a group that only gains files it lacked.
 
 Staging runs in this process's threads, or, for the command, in forked worker processes (``workers``), which
 report each temp file they make: commit and clean-up stay here.
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .cachedest import (
     CONFLICT,
+    HIDDEN_MANIFEST,
     RELINK,
     REPLACE,
     WRITE,
@@ -412,6 +414,15 @@ class StageWriter:
         os.replace(temp, final)
         self.temps.discard(temp)
 
+    def hide(self, key_dir: str, manifest: str) -> None:
+        """Replace a group's manifest with ``HIDDEN_MANIFEST``, through a temp file of this run (its lock keeps other
+        unpacks' clean-up off it). Never unlinked: Triton 3.0-3.7 open a manifest once they see that it exists, and
+        raised FileNotFoundError from the compile where it went in between."""
+        fd, temp = self.lock.create(key_dir)
+        self.temps.add(temp)
+        _write_all(fd, HIDDEN_MANIFEST)
+        self.move(temp, os.path.join(key_dir, manifest))
+
     def discard(self, temp: str | None) -> None:
         if temp is not None and temp in self.temps:
             with contextlib.suppress(FileNotFoundError):
@@ -482,8 +493,7 @@ def _commit(w: StageWriter, root: str, p: Placement, staged: _Staged) -> tuple[P
     if p.entry.kind == GROUP and now.files and now.manifest_seen and now.action == REPLACE:
         # Hide the group from Triton while files it lists change; it comes back, complete, with the new manifest.
         # A group that only gains absent files (thinned, binary-only) stays visible: Triton hits it meanwhile.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(key_dir, manifest_name(p.entry.name)))
+        w.hide(key_dir, manifest_name(p.entry.name))
     written = size = 0
     names, sizes = p.entry.file_names, p.entry.file_sizes
     for i, temp in files:
