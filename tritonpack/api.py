@@ -227,7 +227,7 @@ def pack(
                                 helpers=helpers, on_file=progress_counter(total, progress))
     return PackResult(
         archive=os.fspath(output),
-        cache_dir=root,
+        cache_dir=os.path.abspath(root),  # absolute, as every other command's result names it
         entries=kind_counts(kinds),
         files=written.files,
         unique_blobs=written.blobs,
