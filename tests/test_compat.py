@@ -12,7 +12,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from conftest import FIXTURES, cache_key, snapshot  # noqa: E402
-from kernels import HAS_LISTENER, SOURCES, TRITON_VERSION, compile_all, targets  # noqa: E402
+from kernels import HAS_LISTENER, SOURCES, TRITON_VERSION, compile_all, links_amd, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
 from tritonpack.entry import main  # noqa: E402
@@ -253,6 +253,49 @@ def test_nvidia_gpus_are_found_through_nvidia_smi_on_the_path(tmp_path, monkeypa
     assert gpus.visible_targets() is None  # a driver that does not answer: no GPU visible, as before
     smi.chmod(0o644)  # not executable: not a command
     assert gpus._which("nvidia-smi") is None and gpus._start_nvidia_smi() is None
+
+
+def fake_kfd(monkeypatch, tmp_path, versions) -> None:
+    """The KFD topology of an AMD host (a CPU node is version 0), and its /dev/kfd, open to this user."""
+    from tritonpack import gpus
+
+    for n, version in enumerate(versions):
+        (tmp_path / "nodes" / str(n)).mkdir(parents=True)
+        (tmp_path / "nodes" / str(n) / "properties").write_text(f"simd_count 304\ngfx_target_version {version}\n")
+    (tmp_path / "kfd").touch()
+    monkeypatch.setattr(gpus, "_KFD_NODES", str(tmp_path / "nodes" / "*" / "properties"))
+    monkeypatch.setattr(gpus, "KFD", str(tmp_path / "kfd"))
+    for variable in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.mark.parametrize("variable,value", [("HIP_VISIBLE_DEVICES", "-1"), ("ROCR_VISIBLE_DEVICES", ""),
+                                            ("CUDA_VISIBLE_DEVICES", ""), ("/dev/kfd", "gone")])
+def test_amd_gpus_the_runtime_cannot_see_are_not_visible(tmp_path, monkeypatch, variable, value):
+    """As CUDA_VISIBLE_DEVICES='' gives "no GPU visible" on NVIDIA, so do the HIP and ROCr variables that hide every
+    AMD GPU, and a /dev/kfd this process cannot open (a container without the device: an image built on an MI300
+    host, whose sysfs lists the host's GPUs): the probe read the topology alone, and refused a gfx90a archive."""
+    from tritonpack import gpus
+
+    fake_kfd(monkeypatch, tmp_path, [0, 90402, 90010])
+    assert gpus.visible_targets() == [("hip", "gfx90a", 64), ("hip", "gfx942", 64)]
+    if variable == "/dev/kfd":
+        (tmp_path / "kfd").unlink()
+    else:
+        monkeypatch.setenv(variable, value)
+    assert gpus.visible_targets() is None
+
+
+@pytest.mark.parametrize("text", ["gfx90a:sramecc+:xnack-", "hip:gfx90a:xnack-", "hip:gfx942:sramecc+:xnack-"])
+def test_targets_and_archs_take_the_names_rocm_prints(text):
+    """rocminfo, amd-smi and torch's gcnArchName print ``gfx90a:sramecc+:xnack-``, and Triton keeps what comes
+    before the first colon: --target and --arch refused them (exit 2, "warp size must be a number")."""
+    from tritonpack.gpus import parse_target
+    from tritonpack.selection import Selection
+
+    arch = text.removeprefix("hip:").split(":")[0]
+    assert parse_target(text) == ("hip", arch, 64)
+    assert Selection(archs=(text,)).checked().archs == (f"hip:{arch}" if text.startswith("hip:") else arch,)
 
 
 def test_gpu_probe_runs_beside_the_index_read_and_is_stopped_if_never_read(tmp_path, monkeypatch):
@@ -666,6 +709,25 @@ def test_a_backend_this_triton_cannot_hash_is_said_unchecked_and_asked_once(tmp_
             "is missing), so the backend was not checked") in report.unchecked
     assert asked == ["hip"]
     assert local_triton({("hip", "gfx942", 64)}).cached and asked == ["hip"]
+
+
+def test_the_fingerprint_sees_rocm_s_linker_change_where_triton_hashes_it(tmp_path, monkeypatch):
+    """Triton 3.0-3.4 hash the AMD backend with the ``--version`` of ROCm's ld.lld, found outside their package: a
+    fingerprint kept the old linker's hash after ROCm was upgraded in place (refusing kernels Triton would hit), and
+    "cannot compute" after one was installed. It is keyed by the linkers' files too."""
+    if TRITON_VERSION >= (3, 5):
+        pytest.skip("Triton 3.5+ hash the AMD backend without ld.lld")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    lld = tmp_path / "ld.lld"
+    monkeypatch.setenv("TRITON_HIP_LLD_PATH", str(lld))
+    if links_amd():  # a linker at /opt/rocm or /usr/bin answers where TRITON_HIP_LLD_PATH names none
+        pytest.skip("a ROCm linker is installed here")
+    assert "hip:gfx942" not in local_triton({("hip", "gfx942", 64)}).backend_hashes
+    for version, mtime in (("17.0.0", 1), ("18.0.0", 2)):  # installed, then upgraded in place
+        lld.write_text(f'#!/bin/sh\necho "AMD LLD {version} (/opt/rocm/llvm)"\n')
+        lld.chmod(0o755)
+        os.utime(lld, (mtime, mtime))
+        assert version in local_triton({("hip", "gfx942", 64)}).backend_hashes.get("hip:gfx942", "")
 
 
 def add_stubs_and_autotune_result(root: Path) -> dict[str, Path]:

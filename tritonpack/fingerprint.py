@@ -58,9 +58,24 @@ def _package_dir() -> str | None:
     return os.path.dirname(spec.origin)
 
 
+def rocm_linkers() -> list[str]:
+    """Where Triton 3.0-3.4 look for ROCm's ld.lld outside their package (``path_to_rocm_lld``), whose
+    ``--version`` is their HIP backend hash: a ROCm installed or upgraded there changes the hash, and no file of
+    Triton's. The package's own ``backends/amd/llvm/bin/ld.lld`` is one of Triton's files."""
+    chosen = os.environ.get("TRITON_HIP_LLD_PATH")
+    return [*([chosen] if chosen else []), "/opt/rocm/llvm/bin/ld.lld", "/usr/bin/ld.lld"]
+
+
 def _installed_identity(package: str) -> str:
-    """Digest of path, size and mtime of every file ``triton_key()`` reads (and a little more)."""
+    """Digest of path, size and mtime of every file ``triton_key()`` reads (and a little more), and of ROCm's
+    linkers (``rocm_linkers``)."""
     digest = hashlib.sha256(f"{FINGERPRINT_VERSION}\0{sys.executable}\0{package}".encode())
+    for linker in rocm_linkers():
+        try:
+            st = os.stat(linker)
+            digest.update(f"{linker}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        except OSError:
+            digest.update(f"{linker}\0none\0".encode())
     for sub in ("compiler", "backends", "language", "runtime", "_C"):
         top = os.path.join(package, sub)
         for dirpath, dirnames, names in os.walk(top):

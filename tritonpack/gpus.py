@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 Target = tuple[str, "str | int", int]  # (backend, arch, warp_size), as Triton's GPUTarget
 
@@ -17,6 +18,29 @@ def _which(name: str) -> str | None:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     return None
+
+
+KFD = "/dev/kfd"  # the device node through which ROCm reaches AMD GPUs
+_KFD_NODES = "/sys/class/kfd/kfd/topology/nodes/*/properties"
+# ROCm's target features, as rocminfo, amd-smi and torch's gcnArchName print an arch (gfx90a:sramecc+:xnack-)
+_FEATURE = re.compile(r":[a-z][a-z0-9_]*[+-]")
+
+
+def without_features(text: str) -> str:
+    """``gfx90a:sramecc+:xnack-`` as Triton names that target, ``gfx90a``: its HIP driver keeps what comes before
+    the first colon, and no cache key names a feature."""
+    return _FEATURE.sub("", text)
+
+
+def amd_hidden() -> bool:
+    """Whether the HIP runtime would see no AMD GPU: ``HIP_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES`` or
+    ``CUDA_VISIBLE_DEVICES`` (which HIP honours) hide them all, or ``/dev/kfd`` cannot be opened (a container
+    started without the device, as an image build on an MI300 host is: sysfs still lists the host's GPUs)."""
+    for variable in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        visible = os.environ.get(variable)
+        if visible is not None and visible.strip() in ("", "-1"):
+            return True
+    return not os.access(KFD, os.R_OK | os.W_OK)
 
 
 def cuda_hidden() -> bool:
@@ -71,7 +95,10 @@ def _stop(smi) -> None:
 
 def _amd() -> list[Target]:
     targets: list[Target] = []
-    for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties"):
+    nodes = glob.glob(_KFD_NODES)
+    if not nodes or amd_hidden():
+        return targets
+    for props in nodes:
         try:
             with open(props, encoding="ascii") as f:
                 fields = dict(line.split(None, 1) for line in f if " " in line.strip())
@@ -123,7 +150,7 @@ class GpuProbe:
 def parse_target(text: str) -> Target:
     """``cuda:90``, ``hip:gfx942`` (warp size from the arch family) or ``hip:gfx1100:32``; ``90`` and ``gfx942``
     as ``--arch`` takes them: digits name only CUDA archs, ``gfx`` only AMD ones."""
-    text = text.strip()
+    text = without_features(text.strip())
     if text.isdigit() or text.startswith("gfx"):
         text = f"{'cuda' if text.isdigit() else 'hip'}:{text}"
     parts = text.split(":")

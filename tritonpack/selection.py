@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .errors import UsageError
+from .gpus import without_features
 from .model import AUTOTUNE, GROUP, names_of
 
 BINARY_SUFFIXES = (".cubin", ".hsaco")  # with <name>.json, what Triton's TRITON_STORE_BINARY_ONLY keeps
@@ -42,7 +43,7 @@ class Selection(NamedTuple):
         """This selection, its archs split at commas (``--arch 80,90``) and each one checked: a typo would
         otherwise select nothing, silently. A string where a tuple goes is one value, not its characters."""
         values = (self.archs,) if isinstance(self.archs, str) else self.archs
-        archs = tuple(a.strip() for value in values for a in value.split(","))
+        archs = tuple(without_features(a.strip()) for value in values for a in value.split(","))
         for arch in archs:
             if not _ARCH.fullmatch(arch):
                 raise UsageError(f"--arch takes cuda:90, hip:gfx942, or just 90 or gfx942, not {arch!r}")
