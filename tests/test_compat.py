@@ -687,6 +687,18 @@ def test_amd_backend_of_triton_before_3_5_is_named_by_its_linker(tmp_path, compi
     assert [str(m) for m in verdict.mismatches] == ["backend: archive ld.lld 19.1.7, here ld.lld 17.0.0"]
 
 
+def test_a_target_that_differs_in_its_warp_size_alone_names_both_warp_sizes(tmp_path, compiled_root):
+    """A gfx942 kernel of warp 64 checked against --target hip:gfx942:32 read "target: archive hip:gfx942, here
+    hip:gfx942 (--target)": the same words on both sides."""
+    archive = hip_archive(tmp_path / "hip.tpack", compiled_root, "GPUTarget('hip', 'gfx942', 64)")
+    [verdict] = tritonpack.check(archive, ["hip:gfx942:32"]).verdicts
+    assert [str(m) for m in verdict.mismatches if m.factor == "target"] == [
+        "target: archive hip:gfx942:64, here hip:gfx942:32 (--target)"]
+    [verdict] = tritonpack.check(archive, ["cuda:90", "hip:gfx1100"]).verdicts
+    assert [str(m) for m in verdict.mismatches if m.factor == "target"] == [
+        "target: archive hip:gfx942, here cuda:90, hip:gfx1100 (--target)"]
+
+
 def test_a_backend_this_triton_cannot_hash_is_said_unchecked_and_asked_once(tmp_path, compiled_root, monkeypatch):
     """Triton 3.0-3.4 run ROCm's ld.lld even to hash the AMD backend: without it, a kernel for hip:gfx942 is not
     checked against its backend hash, and says so (it passed unsaid); the fingerprint remembers that it could not

@@ -281,9 +281,13 @@ def _check_target(entry: Entry, env: Environment) -> list[Mismatch]:
     for backend, arch, warp in env.targets:
         if backend == k.backend and str(arch) == str(k.arch) and (k.warp_size in (None, warp)):
             return []
-    here = ", ".join(f"{b}:{a}" + ("" if w in (32, None) or b != "hip" else f":{w}") for b, a, w in env.targets)
+    # the warp size is said where it is what differs (the same arch), else on AMD where it is not 32
+    warp_only = any(b == k.backend and str(a) == str(k.arch) for b, a, _ in env.targets)
+    here = ", ".join(f"{b}:{a}" + (f":{w}" if b == "hip" and w is not None and (warp_only or w != 32) else "")
+                     for b, a, w in env.targets)
+    theirs = f"{k.target}:{k.warp_size}" if warp_only and k.warp_size is not None else k.target
     suffix = " (--target)" if env.targets_from == "--target" else ""
-    return [Mismatch(TARGET, k.target, here + suffix)]
+    return [Mismatch(TARGET, theirs, here + suffix)]
 
 
 def _check_env(entry: Entry, local: LocalTriton) -> list[Mismatch]:
