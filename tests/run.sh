@@ -39,6 +39,16 @@ find_python() {
   done < <(ls -d "$root/versions/$1".* 2> /dev/null | sort -rV | sed "s|\$|/bin/python$1|"; echo "python$1")
 }
 
+# Triton 3.0-3.4 link AMD code with ROCm's ld.lld, which their wheels lack: an LLVM lld (Debian's lld-19, which CI
+# installs) links it alike, so that their AMD tests run instead of skipping. Triton 3.5+ bring their own.
+if [ -z "${TRITON_HIP_LLD_PATH:-}" ]; then
+  for lld in /usr/lib/llvm-*/bin/ld.lld; do
+    if [ -x "$lld" ]; then
+      export TRITON_HIP_LLD_PATH=$lld
+    fi
+  done
+fi
+
 failed=()
 for v in $versions; do
   wanted=$(python_for_triton "$v")
