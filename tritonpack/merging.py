@@ -316,9 +316,9 @@ def merge(
                 fuller = _fuller(first, entry)
                 if fuller is not None:
                     identical += 1
-                    thinner = names[source] if fuller is first else names[first_source]
-                    kept = names[first_source] if fuller is first else names[source]
-                    fuller_kept.append(f"{where}: kept from {kept}, whose copy has files {thinner}'s lacks")
+                    fuller_from, thinner_from = (first_source, source) if fuller is first else (source, first_source)
+                    fuller_kept.append(f"{where}: kept from {names[fuller_from]}, whose copy has files "
+                                       f"{names[thinner_from]}'s lacks")
                     if fuller is entry:
                         chosen[ident] = (source, number, entry)
                     continue
