@@ -808,3 +808,63 @@ def test_a_stub_that_the_kernels_triton_never_names_so_is_not_attributed_to_it(t
         # before 3.3 this Triton's kernels name no version: the merged archive attributes the rest to 3.6.0 itself
         assert {e.stub.triton_version for e in reader.entries if e.stub and e.key != bare.parent.name} == \
             {FIXTURE_TRITON if TRITON_VERSION >= (3, 3) else None}
+
+
+COMPILE_WITH = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from kernels import compile_all
+print(json.dumps(compile_all(sys.argv[2])))
+"""
+
+
+def compile_in_a_process(root: Path, **env: str) -> list[bool]:
+    """The kernels of ``tests/kernels.py`` compiled for cuda:90 and cuda:80 in a process of their own, with ``env``
+    (Triton keeps ``ptxas --version`` for the life of a process): whether each was a hit (3.4+: the listener)."""
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_PTXAS")}
+    out = subprocess.run([sys.executable, "-c", COMPILE_WITH, str(Path(__file__).parent), str(root)],
+                         env={**clean, **env}, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_kernels_another_ptxas_compiled_record_no_backend_hash_and_say_so(tmp_path, monkeypatch):
+    """vLLM and PyTorch set TRITON_PTXAS_PATH inside the process for new GPUs: pack, without it, recorded its own
+    ptxas as the kernels' backend, so the preflight passed them where Triton recompiles them (and refused them where
+    it hits). Their .ptx names the PTX ISA of the ptxas that compiled them: where it is not the packer's, the
+    archive records no backend hash for their target, and check says the backend was not checked."""
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    fake = {}
+    for name, variable in (("ptxas", "TRITON_PTXAS_PATH"), ("ptxas-blackwell", "TRITON_PTXAS_BLACKWELL_PATH")):
+        if (bundled / name).exists():  # the bundled one, but for its --version: release 12.3
+            wrapper = tmp_path / f"fake-{name}"
+            wrapper.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then "{bundled / name}" --version | sed -E '
+                               "'s/release [0-9.]+, V[0-9.]+/release 12.3, V12.3.107/'; exit 0; fi\n"
+                               f'exec "{bundled / name}" "$@"\n')
+            wrapper.chmod(0o755)
+            fake[variable] = str(wrapper)
+    for variable in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    compile_in_a_process(tmp_path / "elsewhere", **fake)
+    compile_in_a_process(tmp_path / "here")
+    result = tritonpack.pack(tmp_path / "elsewhere", tmp_path / "elsewhere.tpack")
+    assert "PTX 8.3, where the ptxas here writes" in result.triton_note and "cuda:80, cuda:90" in result.triton_note
+    with tritonpack.open(tmp_path / "elsewhere.tpack") as reader:
+        assert not [t for t in reader.info.triton.backend_hashes if t.startswith("cuda:")]
+    report = tritonpack.check(tmp_path / "elsewhere.tpack")
+    assert report.usable_count == len(report.verdicts)
+    assert any(n.endswith("for cuda:80, cuda:90: the archive records no backend hash for their target (their packer "
+                          "could not compute it, or found them compiled with another ptxas than its own), so the "
+                          "backend was not checked") for n in report.unchecked), report.unchecked
+    tritonpack.unpack(tmp_path / "elsewhere.tpack", tmp_path / "deploy")
+    hits = compile_in_a_process(tmp_path / "deploy")
+    if HAS_LISTENER:  # what the preflight could not promise: Triton here recompiles them (AMD's, it hits)
+        cuda = [hit for n, hit in enumerate(hits) if targets()[n % len(targets())].backend == "cuda"]
+        assert cuda and not any(cuda)
+    result = tritonpack.pack(tmp_path / "here", tmp_path / "here.tpack")  # compiled with the packer's ptxas
+    assert not result.triton_note
+    with tritonpack.open(tmp_path / "here.tpack") as reader:
+        assert {"cuda:80", "cuda:90"} <= set(reader.info.triton.backend_hashes)

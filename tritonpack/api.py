@@ -157,6 +157,7 @@ def pack(
     from .fingerprint import local_triton
     from .forking import uninterrupted
     from .report import PackResult, Thinned, kind_counts
+    from .toolchain import checked_hashes
     from .triton_env import python_info
 
     start = time.perf_counter()
@@ -215,6 +216,8 @@ def pack(
                              f"{offer.words(selection)})", root)
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
         triton, triton_note = _compiling_triton(compilers, unnamed, local, {f"{b}:{a}" for b, a, _ in targets})
+        triton, elsewhere = checked_hashes(triton, scan.entries)
+        triton_note = "; ".join(filter(None, [triton_note, elsewhere])) or None
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
                            created=source_date_epoch(), python=python_info(), triton=triton)
         left_out = selected_from - set(compilers)

@@ -265,6 +265,17 @@ def _check_backend(entry: Entry, compiler: TritonInfo | None, local: LocalTriton
     return [Mismatch(BACKEND, _toolchain_release(theirs), _toolchain_release(ours))]
 
 
+def _unrecorded_target(entry: Entry, compiler: TritonInfo | None) -> str | None:
+    """The target of a kernel whose Triton the archive records by build key, but not the backend hash: its packer
+    could not compute it, found the kernels compiled with another ptxas (``toolchain``), or merged archives that
+    disagree on it."""
+    k = entry.kernel
+    if k is None or k.backend is None or compiler is None or not compiler.key_sha256 or \
+            k.target in compiler.backend_hashes:
+        return None
+    return k.target
+
+
 def _unhashed_target(entry: Entry, compiler: TritonInfo | None, local: LocalTriton) -> str | None:
     """The target of a kernel whose backend hash the archive records and this Triton cannot compute: its
     toolchain is missing (ROCm's ld.lld, which Triton 3.0-3.4 run even to hash the AMD backend)."""
@@ -313,7 +324,8 @@ def _check_stub(entry: Entry, env: Environment) -> list[Mismatch]:
     return mismatches
 
 
-def _triton_unchecked(no_compiler: int, unknown: int, by_version: int, unhashed: Counter[str]) -> list[str]:
+def _triton_unchecked(no_compiler: int, unknown: int, by_version: int, unhashed: Counter[str],
+                      unrecorded: Counter[str]) -> list[str]:
     """What the Triton comparison could not settle, counted: entries that no recorded Triton describes (of which
     ``unknown`` say that their archive cannot name theirs), entries whose Triton matched by version while the
     archive holds no build key to compare, and kernels whose backend hash this Triton cannot compute (by
@@ -337,6 +349,10 @@ def _triton_unchecked(no_compiler: int, unknown: int, by_version: int, unhashed:
         notes.append(f"{count_entries(sum(unhashed.values()))} for {', '.join(sorted(unhashed))}: this Triton cannot "
                      "compute the backend hash (its toolchain, e.g. ROCm's ld.lld, is missing), so the backend was "
                      "not checked")
+    if unrecorded:
+        notes.append(f"{count_entries(sum(unrecorded.values()))} for {', '.join(sorted(unrecorded))}: the archive "
+                     "records no backend hash for their target (their packer could not compute it, or found them "
+                     "compiled with another ptxas than its own), so the backend was not checked")
     return notes
 
 
@@ -356,6 +372,7 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
     mismatches = {}
     no_compiler = unknown = by_version = 0
     unhashed: Counter[str] = Counter()  # usable kernels by target, whose backend hash cannot be computed here
+    unrecorded: Counter[str] = Counter()  # usable kernels by target, whose backend hash the archive lacks
     for n, entry in enumerate(entries):
         found: list[Mismatch] = []
         if env.triton is not None:
@@ -374,9 +391,11 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
             found += _check_target(entry, env)
             if not found and env.triton is not None and (target := _unhashed_target(entry, compiler, env.triton)):
                 unhashed[target] += 1
+            elif not found and env.triton is not None and (target := _unrecorded_target(entry, compiler)):
+                unrecorded[target] += 1
         elif entry.kind == FILE:
             found += _check_stub(entry, env)
         if found:
             mismatches[n] = tuple(found)
-    unchecked += _triton_unchecked(no_compiler, unknown, by_version, unhashed)
+    unchecked += _triton_unchecked(no_compiler, unknown, by_version, unhashed, unrecorded)
     return CheckReport(Verdicts(entries, mismatches), unchecked, env)

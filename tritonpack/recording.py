@@ -249,6 +249,7 @@ def archive_info(entries: Sequence[LocalEntry], processes: Mapping[int, dict], c
     claiming more than is known: a Triton other than the one importable here is recorded with its version and
     build key (when the run computed it) but no backend hashes; several different ones, as unknown."""
     from .fingerprint import local_triton
+    from .toolchain import checked_hashes
 
     notes: list[str] = []
     procs = list(processes.values())
@@ -270,8 +271,10 @@ def archive_info(entries: Sequence[LocalEntry], processes: Mapping[int, dict], c
         here = local_triton(targets) if directory and directory == _local_triton_dir() else None
         if here is not None and here.version == triton_version:
             wanted = {f"{b}:{a}" for b, a, _ in targets}
-            triton = TritonInfo(here.version, here.key_sha256,
-                                {t: h for t, h in sorted(here.backend_hashes.items()) if t in wanted})
+            triton, elsewhere = checked_hashes(TritonInfo(here.version, here.key_sha256, {
+                t: h for t, h in sorted(here.backend_hashes.items()) if t in wanted}), entries)
+            if elsewhere:
+                notes.append(elsewhere)
         elif triton_version:
             triton = TritonInfo(triton_version, _one(k for p in procs if (k := p.get("key_sha256"))), {})
             notes.append(f"the command's Triton ({directory}) is not the one importable here: the archive records "
