@@ -868,3 +868,27 @@ def test_kernels_another_ptxas_compiled_record_no_backend_hash_and_say_so(tmp_pa
     assert not result.triton_note
     with tritonpack.open(tmp_path / "here.tpack") as reader:
         assert {"cuda:80", "cuda:90"} <= set(reader.info.triton.backend_hashes)
+
+
+def test_the_fingerprint_sees_a_ptxas_replaced_where_triton_ptxas_path_names_it(tmp_path, monkeypatch):
+    """A CUDA toolkit upgraded in place (or a switched /usr/local/cuda link) behind TRITON_PTXAS_PATH changes the
+    backend hash, and no file of Triton's: the cached fingerprint kept the old ptxas's, and check passed kernels
+    that Triton recompiles. Each fingerprint in a process of its own, as each command is (Triton keeps a ptxas's
+    version for the life of a process)."""
+    import subprocess
+    import sys
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    ptxas = tmp_path / "ptxas"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "TRITON_PTXAS_PATH": str(ptxas),
+           "TRITON_PTXAS_BLACKWELL_PATH": str(ptxas)}  # 3.6+ hash cuda:90 with either, as the release says
+    fingerprint = ("from tritonpack.fingerprint import local_triton; "
+                   "print(local_triton({('cuda', 90, 32)}).backend_hashes['cuda:90'])")
+    for release, mtime in (("12.3", 1), ("12.4", 2)):
+        ptxas.write_text(f'#!/bin/sh\n"{bundled}" --version | sed -E "s/release [0-9.]+, V[0-9.]+/release '
+                         f'{release}, V{release}.1/"\n')
+        ptxas.chmod(0o755)
+        os.utime(ptxas, (mtime, mtime))
+        out = subprocess.run([sys.executable, "-c", fingerprint], env=env, check=True, capture_output=True,
+                             text=True).stdout
+        assert f"release {release}," in out

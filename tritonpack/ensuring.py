@@ -195,11 +195,11 @@ def _triton_identity() -> list:
     if spec is None or not spec.origin:
         return []
     package = os.path.dirname(os.path.realpath(spec.origin))
-    from .fingerprint import rocm_linkers
+    from .fingerprint import toolchain_files
 
     files = [os.path.join(package, "__init__.py"), os.path.join(package, "backends"),
              *sorted(glob.glob(os.path.join(package, "_C", "libtriton*")))]
-    return [_stat_id(f) for f in [*files, *rocm_linkers()]]
+    return [_stat_id(f) for f in [*files, *toolchain_files()]]
 
 
 def _read(path: str) -> str:

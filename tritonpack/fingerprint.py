@@ -58,24 +58,25 @@ def _package_dir() -> str | None:
     return os.path.dirname(spec.origin)
 
 
-def rocm_linkers() -> list[str]:
-    """Where Triton 3.0-3.4 look for ROCm's ld.lld outside their package (``path_to_rocm_lld``), whose
-    ``--version`` is their HIP backend hash: a ROCm installed or upgraded there changes the hash, and no file of
-    Triton's. The package's own ``backends/amd/llvm/bin/ld.lld`` is one of Triton's files."""
-    chosen = os.environ.get("TRITON_HIP_LLD_PATH")
-    return [*([chosen] if chosen else []), "/opt/rocm/llvm/bin/ld.lld", "/usr/bin/ld.lld"]
+def toolchain_files() -> list[str]:
+    """The tools outside Triton's package whose ``--version`` is a backend hash: the ptxas that
+    ``TRITON_PTXAS_PATH`` (and 3.6+'s ``TRITON_PTXAS_BLACKWELL_PATH``) name, and ROCm's ld.lld, where Triton
+    3.0-3.4 look for it (``path_to_rocm_lld``). A CUDA or ROCm upgraded in place changes the hash, and no file of
+    Triton's; the tools in Triton's package (its bundled ptxas and ld.lld) are Triton's files."""
+    named = [os.environ.get(v) for v in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_HIP_LLD_PATH")]
+    return [*(path for path in named if path), "/opt/rocm/llvm/bin/ld.lld", "/usr/bin/ld.lld"]
 
 
 def _installed_identity(package: str) -> str:
-    """Digest of path, size and mtime of every file ``triton_key()`` reads (and a little more), and of ROCm's
-    linkers (``rocm_linkers``)."""
+    """Digest of path, size and mtime of every file ``triton_key()`` reads (and a little more), and of the tools
+    whose version is a backend hash (``toolchain_files``)."""
     digest = hashlib.sha256(f"{FINGERPRINT_VERSION}\0{sys.executable}\0{package}".encode())
-    for linker in rocm_linkers():
+    for tool in toolchain_files():
         try:
-            st = os.stat(linker)
-            digest.update(f"{linker}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            st = os.stat(tool)
+            digest.update(f"{tool}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         except OSError:
-            digest.update(f"{linker}\0none\0".encode())
+            digest.update(f"{tool}\0none\0".encode())
     for sub in ("compiler", "backends", "language", "runtime", "_C"):
         top = os.path.join(package, sub)
         for dirpath, dirnames, names in os.walk(top):
