@@ -892,3 +892,17 @@ def test_the_fingerprint_sees_a_ptxas_replaced_where_triton_ptxas_path_names_it(
         out = subprocess.run([sys.executable, "-c", fingerprint], env=env, check=True, capture_output=True,
                              text=True).stdout
         assert f"release {release}," in out
+
+
+@pytest.mark.parametrize("variable", ["TRITON_ALWAYS_COMPILE", "TRITON_DEBUG"])
+def test_a_setting_under_which_triton_misses_unseen_is_said(tmp_path, compiled_root, monkeypatch, variable):
+    """TRITON_ALWAYS_COMPILE reads nothing from the cache; under TRITON_DEBUG the JIT compiles every kernel with
+    debug on (part of the key), which the archive's index does not record. Neither is among the variables a kernel
+    records: check said every kernel "will be used here" while Triton recompiled them all."""
+    archive = tmp_path / "k.tpack"
+    tritonpack.pack(compiled_root, archive)
+    monkeypatch.setenv(variable, "1")
+    report = tritonpack.check(archive)
+    assert [n for n in report.unchecked if n.startswith(f"{variable} is set here: ")]
+    monkeypatch.setenv(variable, "0")
+    assert not [n for n in tritonpack.check(archive).unchecked if n.startswith(variable)]
