@@ -1,8 +1,9 @@
-"""A cache a cleaner thinned, on a real GPU: packed with what is left, and still a hit wherever it is unpacked.
+"""A cache thinned to its binaries, on a real GPU: packed with what is left, and still a hit wherever it is unpacked.
 
-A cleaner that goes by access time (systemd-tmpfiles on /tmp, a cron job with ``find -atime``) removes the IR
-files of a Triton cache (``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``, ``.source``) and leaves each kernel's metadata
-and binary, which every hit reads. Workload a of ``gpu_first_call.py`` compiles cold; its groups are thinned so;
+A script that slims a root or an image (``find -name '*.ptx' -delete``), or a copy that leaves files out, removes
+the IR files of a Triton cache (``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``, ``.source``) and leaves each kernel's
+metadata and binary, from which Triton loads it. (A cleaner going by access time does not: a hit reads every file
+of a group, IR files too.) Workload a of ``gpu_first_call.py`` compiles cold; its groups are thinned so;
 Triton 3.0-3.7 still hits them where they are (3.8+ recompiles them). The thinned root is packed, unpacked into a
 fresh root, and the workload's first call there must be a hit: no file created or modified, its time near a warm
 run's. ``relocate`` then trims the thinned root's manifests, after which every Triton hits them too.
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpu_fleet_smoke import first_call, machine, report, workspace  # noqa: E402
 
-KEPT = (".json", ".cubin", ".hsaco")  # what a hit reads; a cleaner going by access time leaves these
+KEPT = (".json", ".cubin", ".hsaco")  # what Triton loads a kernel from, and TRITON_STORE_BINARY_ONLY keeps
 
 
 def thin(root: str) -> int:
