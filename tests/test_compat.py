@@ -906,3 +906,17 @@ def test_a_setting_under_which_triton_misses_unseen_is_said(tmp_path, compiled_r
     assert [n for n in report.unchecked if n.startswith(f"{variable} is set here: ")]
     monkeypatch.setenv(variable, "0")
     assert not [n for n in tritonpack.check(archive).unchecked if n.startswith(variable)]
+
+
+def test_a_stub_whose_name_says_no_python_is_said_tagged_with_the_packer_s(tmp_path, compiled_root, monkeypatch):
+    """Triton 3.0-3.3 name a launcher stub <name>.so: pack tags it with its own Python's ABI, right where it runs on
+    the program's Python. Where the kernels' Triton is not importable beside it (tritonpack installed with pipx,
+    on another Python), that may be another ABI, and pack says so."""
+    root = tmp_path / "root"
+    shutil.copytree(compiled_root, root)
+    add_stubs_and_autotune_result(root)
+    assert not (tritonpack.pack(root, tmp_path / "a.tpack").triton_note or "").count("launcher stub")
+    monkeypatch.setattr("tritonpack.fingerprint.local_triton", lambda *a, **k: None)
+    note = tritonpack.pack(root, tmp_path / "b.tpack").triton_note
+    assert f"1 launcher stub named <name>.so, as Triton 3.0-3.3 name them, which says no Python: tagged with this " \
+           f"Python's ABI ({sysconfig.get_config_var('EXT_SUFFIX')})" in note

@@ -156,7 +156,7 @@ def pack(
     from .compat import attribution
     from .fingerprint import local_triton
     from .forking import uninterrupted
-    from .report import PackResult, Thinned, kind_counts
+    from .report import PackResult, Thinned, kind_counts, plural
     from .toolchain import checked_hashes
     from .triton_env import python_info
 
@@ -198,6 +198,7 @@ def pack(
         compilers: Counter[str] = Counter()  # made again each time they are read: packedentries)
         unnamed: Counter[str | None] = Counter()
         thinned: list[Thinned] = []
+        untagged = 0  # launcher stubs whose names say no Python (Triton 3.0-3.3): tagged with this one's
         for e in scan.entries:
             kernel = e.kernel
             if kernel and kernel.backend and kernel.arch is not None and kernel.warp_size:
@@ -211,15 +212,23 @@ def pack(
             foreign += e.foreign_manifest
             if e.missing and not selection.binary_only:  # which takes no IR file anyway
                 thinned.append(Thinned(f"{e.key}/{manifest_name(e.name)}", e.missing))
+            untagged += e.stub is not None and e.stub.tag_from == "packer"
         if selection.chooses_kernels and not kinds[GROUP]:
             raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)}; "
                              f"{offer.words(selection)})", root)
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
         triton, triton_note = _compiling_triton(compilers, unnamed, local, {f"{b}:{a}" for b, a, _ in targets})
         triton, elsewhere = checked_hashes(triton, scan.entries)
-        triton_note = "; ".join(filter(None, [triton_note, elsewhere])) or None
+        python = python_info()
+        guessed = None
+        if untagged and (triton is None or not triton.key_sha256):  # the kernels' Triton is not importable here
+            guessed = (f"{plural(untagged, 'launcher stub')} named <name>.so, as Triton 3.0-3.3 name them, which "
+                       f"says no Python: tagged with this Python's ABI ({python.ext_suffix}), which may not be the one "
+                       "that built them (the kernels' Triton is not importable here); pack with that Python, else "
+                       "the preflight may refuse them where they fit, or pass them to a Python they do not fit")
+        triton_note = "; ".join(filter(None, [triton_note, elsewhere, guessed])) or None
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
-                           created=source_date_epoch(), python=python_info(), triton=triton)
+                           created=source_date_epoch(), python=python, triton=triton)
         left_out = selected_from - set(compilers)
         unowned = attribution(set(compilers), info) if left_out else None
         if unowned is not None:
