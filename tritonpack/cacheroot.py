@@ -467,6 +467,9 @@ def _scan_key_dir(root: str, key: str, scan: CacheScan) -> None:
             children = data.get("child_paths") if isinstance(data, dict) else None
             if isinstance(children, dict):
                 claimed.update(n for n in children if isinstance(n, str))
+                if not children:  # hidden by a replace: its kernel's files are its own, reported with it
+                    stem = f"{name[len(MANIFEST_PREFIX):-len('.json')]}."
+                    claimed.update(n for n in files if n.startswith(stem))
             else:
                 unread = True
     for name in sorted(unreadable - claimed):  # those of a group skipped above are reported with it
