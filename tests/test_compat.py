@@ -906,6 +906,9 @@ def test_a_setting_under_which_triton_misses_unseen_is_said(tmp_path, compiled_r
     assert [n for n in report.unchecked if n.startswith(f"{variable} is set here: ")]
     monkeypatch.setenv(variable, "0")
     assert not [n for n in tritonpack.check(archive).unchecked if n.startswith(variable)]
+    monkeypatch.setenv(variable, "true")  # a knob from 3.4 on; 3.0-3.3 take "1" alone
+    said = [n for n in tritonpack.check(archive).unchecked if n.startswith(variable)]
+    assert bool(said) == (TRITON_VERSION >= (3, 4))
 
 
 def test_a_stub_whose_name_says_no_python_is_said_tagged_with_the_packer_s(tmp_path, compiled_root, monkeypatch):

@@ -330,20 +330,27 @@ def environment(entries: tuple[Entry, ...] = (), targets: list[str] | None = Non
         values = [targets] if isinstance(targets, str) else targets  # one target, or a comma list, as a string
         try:
             return Environment(local, [parse_target(t) for value in values for t in value.split(",")], "--target",
-                               *abi, cache_off=cache_off())
+                               *abi, cache_off=cache_off(local))
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None
     found = gpus.targets() if gpus is not None else visible_targets()
-    return Environment(local, found, "gpu" if found else "none", *abi, cache_off=cache_off())
+    return Environment(local, found, "gpu" if found else "none", *abi, cache_off=cache_off(local))
 
 
-def cache_off() -> tuple[str, ...]:
-    """The variables set here under which Triton misses what the preflight cannot see: ``TRITON_ALWAYS_COMPILE``
-    (it reads no kernel from the cache) and ``TRITON_DEBUG`` (its JIT compiles every kernel with debug on, part of
-    the key; kernels record it in their metadata, the archive's index does not). Neither is among the variables
-    Triton records in a kernel, which the preflight compares."""
+def cache_off(local: LocalTriton | None) -> tuple[str, ...]:
+    """The variables set here under which the local Triton misses what the preflight cannot see:
+    ``TRITON_ALWAYS_COMPILE`` (it reads no kernel from the cache) and ``TRITON_DEBUG`` (its JIT compiles every
+    kernel with debug on, part of the key; kernels record it in their metadata, the archive's index does not).
+    Neither is among the variables Triton records in a kernel, which the preflight compares. Triton 3.4+ take
+    ``1``, ``true``, ``yes``, ``on`` or ``y`` (its knobs); 3.0-3.3 take ``1`` alone."""
+    from .triton_env import release_of
+
+    if local is None:
+        return ()
+    release = release_of(local.version)
+    truthy = ("1",) if release is not None and release < (3, 4) else ("1", "true", "yes", "on", "y")
     return tuple(name for name in ("TRITON_ALWAYS_COMPILE", "TRITON_DEBUG")
-                 if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y"))
+                 if os.environ.get(name, "").strip().lower() in truthy)
 
 
 def gpu_probe(targets: list[str] | None) -> contextlib.AbstractContextManager[GpuProbe | None]:
