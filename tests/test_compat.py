@@ -923,3 +923,19 @@ def test_a_stub_whose_name_says_no_python_is_said_tagged_with_the_packer_s(tmp_p
     note = tritonpack.pack(root, tmp_path / "b.tpack").triton_note
     assert f"1 launcher stub named <name>.so, as Triton 3.0-3.3 name them, which says no Python: tagged with this " \
            f"Python's ABI ({sysconfig.get_config_var('EXT_SUFFIX')})" in note
+
+
+def test_a_kernel_that_asked_for_its_ptx_version_keeps_its_target_s_backend_hash(tmp_path):
+    """A kernel compiled with ``ptx_version`` (a compile option, in its metadata) declares that PTX whatever its
+    ptxas: it left out its target's backend hash, blaming another ptxas."""
+    from kernels import cache_dir, source
+    from triton.backends.compiler import GPUTarget
+
+    root = tmp_path / "root"
+    fn, signature, constexprs = SOURCES[0]
+    with cache_dir(root):
+        triton.compile(source(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+        triton.compile(source(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32), options={"ptx_version": 80})
+    result = tritonpack.pack(root, tmp_path / "a.tpack")
+    with tritonpack.open(tmp_path / "a.tpack") as reader:
+        assert "cuda:90" in reader.info.triton.backend_hashes, result.triton_note
