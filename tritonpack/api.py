@@ -221,11 +221,13 @@ def pack(
         triton, elsewhere = checked_hashes(triton, scan.entries)
         python = python_info()
         guessed = None
-        if untagged and (triton is None or not triton.key_sha256):  # the kernels' Triton is not importable here
+        beside = local is not None and (local.version in compilers or releases_keyed_as(local.version) in unnamed)
+        if untagged and not beside:  # the Python that runs the kernels' Triton is another
             guessed = (f"{plural(untagged, 'launcher stub')} named <name>.so, as Triton 3.0-3.3 name them, which "
                        f"says no Python: tagged with this Python's ABI ({python.ext_suffix}), which may not be the one "
-                       "that built them (the kernels' Triton is not importable here); pack with that Python, else "
-                       "the preflight may refuse them where they fit, or pass them to a Python they do not fit")
+                       "that built them (no Triton that compiled these kernels is importable here); pack with that "
+                       "Python, else the preflight may refuse them where they fit, or pass them to a Python they do "
+                       "not fit")
         triton_note = "; ".join(filter(None, [triton_note, elsewhere, guessed])) or None
         info = ArchiveInfo(tritonpack=__version__, format_version=format_version(splice_ptx),
                            created=source_date_epoch(), python=python, triton=triton)
