@@ -157,6 +157,20 @@ def test_a_thinned_copy_over_whole_groups_is_present_and_leaves_them_whole(compi
         result = tritonpack.unpack_to_redis(thinned, url, force=True, overwrite=overwrite)
         assert result.conflicts == [] and result.present == result.entries and result.files_written == 0
         assert {k: db.get(k) for k in db.keys("*__grp__*")} == manifests
+    db.delete(*[k for k in db.keys("triton:*") if k.endswith(b".ttir")])  # evicted (maxmemory)
+    repaired = tritonpack.unpack_to_redis(thinned, url, force=True)  # Triton 3.8+ misses a group lacking one
+    assert repaired.present == 0 and repaired.written == len(manifests) and repaired.files_written == 0
+    for key, before in manifests.items():  # it lists what is there: the thinned files, and the others left
+        listed = json.loads(db.get(key))["child_paths"]
+        assert listed == [n for n in json.loads(before)["child_paths"] if not n.endswith(".ttir")]
+        assert all(db.exists(key.decode().rpartition(":")[0] + ":" + name) for name in listed)
+    from kernels import HAS_LISTENER
+
+    db.config_resetstat()
+    hits = triton_with_redis(port, tmp_path / "local", OURS)
+    if HAS_LISTENER:
+        assert all(hits), hits
+    assert sets(db) == 0, "a Triton that hit stores nothing in Redis"
 
 
 def test_force_counts_what_it_wrote(archive, db, port, capsys):

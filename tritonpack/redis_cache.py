@@ -48,9 +48,10 @@ def redis_key(fmt: str, key: str, filename: str) -> str:
         raise UsageError(f"TRITON_REDIS_KEY_FORMAT {fmt!r} is not a format of {{key}} and {{filename}} ({e})") from None
 
 
-def manifest_value(entry: Entry) -> bytes:
-    """Exactly what ``RemoteCacheManager.put_group`` stores for the group."""
-    return json.dumps({"child_paths": sorted(f.name for f in entry.files)}).encode("utf-8")
+def manifest_value(entry: Entry, others: Sequence[str] = ()) -> bytes:
+    """Exactly what ``RemoteCacheManager.put_group`` stores for the group (with ``others``: files of it stored
+    beyond the entry's, which the manifest it replaces listed)."""
+    return json.dumps({"child_paths": sorted({*(f.name for f in entry.files), *others})}).encode("utf-8")
 
 
 def decide(states: Sequence[bool | None], overwrite: bool) -> tuple[str, tuple[int, ...]]:
@@ -132,29 +133,51 @@ def plan(client, url: str, fmt: str, chosen: Sequence[tuple[Sequence[int], Entry
     """Compare each chosen entry (with the archive's blob of each of its files) with what the server holds."""
     values: list[tuple[str, int | None, Callable[..., bool]]]  # called with the data (defaults bind the rest)
     values, spans = [], []
+    more: dict[str, list[str]] = {}  # a stored manifest's key -> the keys of files it lists beyond the entry's
     for _, entry in chosen:
         first = len(values)
         for f in entry.files:
             values.append((redis_key(fmt, entry.key, f.name), f.size,
                            lambda data, digest=f.sha256: hashlib.sha256(data).digest() == digest))
         if entry.kind == GROUP:
-            values.append((redis_key(fmt, entry.key, manifest_name(entry.name)), None,
-                           lambda data, names=frozenset(entry.file_names): _lists_all(data, names)))
+            manifest = redis_key(fmt, entry.key, manifest_name(entry.name))
+            values.append((manifest, None, lambda data, names=frozenset(entry.file_names), key=manifest:
+                           _lists_all(data, names, more.setdefault(key, []))))
         spans.append((first, len(values)))
     states = _states(client, url, values)
+    gone = _absent(client, url, [redis_key(fmt, e.key, name) for _, e in chosen if e.kind == GROUP
+                                 for name in more.get(redis_key(fmt, e.key, manifest_name(e.name)), ())])
     plans = []
     for (blobs, entry), (first, last) in zip(chosen, spans, strict=True):
+        others: tuple[str, ...] = ()
+        if entry.kind == GROUP:  # files the stored manifest lists beyond the entry's: kept listed where still there
+            listed = more.get(redis_key(fmt, entry.key, manifest_name(entry.name)), [])
+            others = tuple(sorted(n for n in listed if redis_key(fmt, entry.key, n) not in gone))
+            if len(others) < len(listed):
+                states[last - 1] = None  # it lists a value that is gone (evicted): a broken group, written again
         action, todo = decide(states[first:last], overwrite)
-        plans.append(Placement(entry, blobs, action, tuple(i for i in todo if i < len(entry.files))))
+        plans.append(Placement(entry, blobs, action, tuple(i for i in todo if i < len(entry.files)), others=others))
     return plans
 
 
-def _lists_all(data: bytes, names: frozenset[str]) -> bool:
+def _lists_all(data: bytes, names: frozenset[str], more: list[str]) -> bool:
     """Whether a stored manifest lists each of ``names``: one that lists more is the whole group beside a thinned
-    or binary-only copy of it, which an unpack must not make smaller (as into a directory)."""
+    or binary-only copy of it, which an unpack must not make smaller (as into a directory). The names it lists
+    beyond ``names`` go to ``more``: the group is whole only where their values are all there."""
     manifest = _json(data)
     children = manifest.get("child_paths") if isinstance(manifest, dict) else None
-    return isinstance(children, list) and all(isinstance(c, str) for c in children) and names <= set(children)
+    if not (isinstance(children, list) and all(isinstance(c, str) for c in children) and names <= set(children)):
+        return False
+    more.extend(sorted(set(children) - names))
+    return True
+
+
+def _absent(client, url: str, keys: Sequence[str]) -> set[str]:
+    """Those of ``keys`` that the server does not hold."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.exists(key)
+    return {key for key, there in zip(keys, _call(pipe.execute, url), strict=True) if not there} if keys else set()
 
 
 def _json(data: bytes):
@@ -194,7 +217,8 @@ def write(client, url: str, fmt: str, reader: ArchiveReader, plans: Sequence[Pla
     _call(pipe.execute, url)
     for p in plans:
         if p.writes_manifest:
-            pipe.set(redis_key(fmt, p.entry.key, manifest_name(p.entry.name)), manifest_value(p.entry))
+            others = p.others if p.action != REPLACE else ()
+            pipe.set(redis_key(fmt, p.entry.key, manifest_name(p.entry.name)), manifest_value(p.entry, others))
     _call(pipe.execute, url)
     return files, written
 
