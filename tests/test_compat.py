@@ -286,6 +286,17 @@ def test_amd_gpus_the_runtime_cannot_see_are_not_visible(tmp_path, monkeypatch, 
     assert gpus.visible_targets() is None
 
 
+def test_the_amd_arch_triton_is_told_to_compile_for_is_the_one_visible(tmp_path, monkeypatch):
+    """Triton 3.4+'s HIP driver makes TRITON_OVERRIDE_ARCH the current target's arch: on a gfx942 host told gfx950,
+    Triton looks up gfx950 kernels, which the probe refused as another target."""
+    from tritonpack import gpus
+
+    fake_kfd(monkeypatch, tmp_path, [0, 90402])
+    monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "gfx950:xnack-")
+    expected = "gfx950" if TRITON_VERSION >= (3, 4) else "gfx942"  # 3.0-3.3's driver reads the device alone
+    assert gpus.visible_targets() == [("hip", expected, 64)]
+
+
 @pytest.mark.parametrize("text", ["gfx90a:sramecc+:xnack-", "hip:gfx90a:xnack-", "hip:gfx942:sramecc+:xnack-"])
 def test_targets_and_archs_take_the_names_rocm_prints(text):
     """rocminfo, amd-smi and torch's gcnArchName print ``gfx90a:sramecc+:xnack-``, and Triton keeps what comes

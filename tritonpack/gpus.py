@@ -110,7 +110,22 @@ def _amd() -> list[Target]:
         major, minor, step = version // 10000, (version // 100) % 100, version % 100
         arch = f"gfx{major}{minor:x}{step:x}"
         targets.append(("hip", arch, 64 if major == 9 else 32))
-    return targets
+    override = _override_arch()
+    return [(backend, override, warp) for backend, _, warp in targets] if override and targets else targets
+
+
+def _override_arch() -> str | None:
+    """``TRITON_OVERRIDE_ARCH``, which Triton 3.4+'s HIP driver makes the current target's arch (what comes before
+    its first colon), so that it compiles and looks up kernels for that arch on these GPUs; None where unset, or
+    where the installed Triton is older."""
+    override = without_features(os.environ.get("TRITON_OVERRIDE_ARCH", "").strip())
+    if not override:
+        return None
+    from .fingerprint import installed_version
+    from .triton_env import release_of
+
+    release = release_of(installed_version())
+    return override.split(":")[0] if release is not None and release >= (3, 4) else None
 
 
 def visible_targets() -> list[Target] | None:
