@@ -13,6 +13,12 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from .model import TritonInfo
+
+if TYPE_CHECKING:
+    from .cacheroot import LocalEntry
 
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _PTX_VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
@@ -102,8 +108,8 @@ def compiled_elsewhere_note(found: Mapping[str, Counter], hashes: Mapping[str, s
             "reported unchecked where they are unpacked")
 
 
-def checked_hashes(triton, entries) -> tuple:
-    """``triton`` (a ``TritonInfo``, or None) without the backend hashes of targets whose kernels among ``entries``
+def checked_hashes(triton: TritonInfo | None, entries: Iterable[LocalEntry]) -> tuple[TritonInfo | None, str | None]:
+    """``triton`` without the backend hashes of targets whose kernels among ``entries``
     (found on disk) were compiled with another ptxas, and the note that says so (None where there is none)."""
     if triton is None or not triton.backend_hashes:
         return triton, None
