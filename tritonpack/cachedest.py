@@ -20,7 +20,7 @@ from typing import NamedTuple
 from .archive.index import valid_file_name
 from .archive.reader import ArchiveReader
 from .errors import CacheError
-from .model import GROUP, MANIFEST_PREFIX, Entry, manifest_name, names_of
+from .model import GROUP, MANIFEST_PREFIX, Entry, hidden, manifest_name, names_of
 
 WRITE = "write"  # absent (or invisible leftovers): written
 PRESENT = "present"  # identical already: nothing to do
@@ -126,15 +126,6 @@ def _same_file(path: str, size: int, sha256: bytes) -> bool | str | None:
         return None
     except NotADirectoryError:
         return False
-
-
-HIDDEN_MANIFEST = b'{"child_paths": {}}'  # what a replace puts in a group's manifest while its files change
-
-
-def hidden(manifest) -> bool:
-    """Whether a parsed manifest is a replace's ``HIDDEN_MANIFEST``: a group Triton misses, whose files no
-    manifest Triton reads names, as if it had none (an unpack killed mid-replace leaves it; the next completes)."""
-    return isinstance(manifest, dict) and manifest == {"child_paths": {}}
 
 
 def read_manifest(path: str):

@@ -29,6 +29,7 @@ from .model import (
     KernelInfo,
     LazyFiles,
     StubInfo,
+    hidden,
     index_order,
     manifest_name,
     total_size,
@@ -378,7 +379,7 @@ def _scan_group(root: str, key: str, manifest: str, files: dict[str, int], unrea
     rel = f"{key}/{manifest}"
     data = _read_json(f"{key_dir}{os.sep}{manifest}", files[manifest])
     children = data.get("child_paths") if isinstance(data, dict) else None
-    if data == {"child_paths": {}}:  # cachedest.HIDDEN_MANIFEST
+    if hidden(data):
         skipped.append(Skipped(rel, "incomplete group: its manifest lists no file (an unpack --overwrite stopped "
                                     "while it replaced the group; the next unpack completes it)"))
         return None

@@ -51,7 +51,7 @@ from . import __version__
 from .archive.format import HEADER_SIZE, TRAILER_SIZE, parse_header, parse_trailer
 from .cacheroot import TOOL_DIR as STAMP_DIR
 from .errors import ArchiveError, CacheError, IncompatibleError, NotFoundError, RemoteError, UsageError
-from .gpus import cuda_hidden
+from .gpus import amd_hidden, cuda_hidden
 from .report import kept_lines, none_used, plural, reasons_to_dicts, root_only_lines
 from .triton_env import resolved_root
 
@@ -216,7 +216,7 @@ def _gpu_identity() -> list:
                     for line in _read(info).splitlines() if line.startswith("Model:"))
     amd = sorted(line.strip() for props in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/properties")
                  for line in _read(props).splitlines() if line.startswith("gfx_target_version"))
-    return [nvidia, amd, cuda_hidden()]
+    return [nvidia, amd, cuda_hidden(), bool(amd) and amd_hidden()]  # and what hides them (``gpus``)
 
 
 def environment_key(targets: list[str] | None = None) -> str:

@@ -25,6 +25,15 @@ def manifest_name(group_name: str) -> str:
     return f"{MANIFEST_PREFIX}{group_name}.json"
 
 
+HIDDEN_MANIFEST = b'{"child_paths": {}}'  # what a replace puts in a group's manifest while its files change
+
+
+def hidden(manifest) -> bool:
+    """Whether a parsed manifest is a replace's ``HIDDEN_MANIFEST``: a group Triton misses, whose files no
+    manifest Triton reads names, as if it had none (an unpack killed mid-replace leaves it; the next completes)."""
+    return isinstance(manifest, dict) and manifest == {"child_paths": {}}
+
+
 class StoredFile(NamedTuple):
     """One file of an entry as the archive records it (a tuple: archives hold tens of thousands)."""
 

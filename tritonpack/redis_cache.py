@@ -133,7 +133,7 @@ def plan(client, url: str, fmt: str, chosen: Sequence[tuple[Sequence[int], Entry
     """Compare each chosen entry (with the archive's blob of each of its files) with what the server holds."""
     values: list[tuple[str, int | None, Callable[..., bool]]]  # called with the data (defaults bind the rest)
     values, spans = [], []
-    more: dict[str, list[str]] = {}  # a stored manifest's key -> the keys of files it lists beyond the entry's
+    more: dict[str, list[str]] = {}  # a stored manifest's key -> the names it lists beyond the entry's
     for _, entry in chosen:
         first = len(values)
         for f in entry.files:

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .cachedest import (
     CONFLICT,
-    HIDDEN_MANIFEST,
     RELINK,
     REPLACE,
     WRITE,
@@ -56,7 +55,7 @@ from .cachedest import (
     write_fd,
 )
 from .errors import SpaceError
-from .model import GROUP, Entry, manifest_name
+from .model import GROUP, HIDDEN_MANIFEST, Entry, manifest_name
 from .report import human_bytes
 from .tempfiles import NAMES_A_RUN, PREFIX, RunLock, clean_stale, remove_stage_dir, run_name
 
