@@ -11,9 +11,11 @@ from .errors import (
     ConflictError,
     IncompatibleError,
     IntegrityError,
+    NotFoundError,
     ReaderLimitError,
     RecordError,
     RemoteError,
+    SpaceError,
     Terminated,
     TpackError,
     UnsupportedFormatError,
@@ -73,5 +75,6 @@ __all__ = [
     "RelocateReport", "PushResult", "PullResult",
     "TpackError", "UsageError", "ArchiveError", "UnsupportedFormatError", "IntegrityError", "ReaderLimitError",
     "CacheError", "IncompatibleError", "RecordError", "ConflictError", "RemoteError", "Terminated",
+    "NotFoundError", "SpaceError",
     "push", "pull", "unpack_to_redis", "Selection",
 ]
