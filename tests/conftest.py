@@ -187,6 +187,36 @@ FOREIGN_STUB = "cuda_utils.cpython-38-x86_64-linux-gnu.so"
 FOREIGN_STUB_BYTES = BLOCK_SIZE + (1 << 20)
 
 
+def thin(root) -> dict[str, list[str]]:
+    """Remove every group's IR files, as a script slimming a root to its binaries does (``find -name '*.ptx'
+    -delete``): each group's manifest path, and what it lost."""
+    import json
+
+    lost = {}
+    for manifest in sorted(root.glob("*/__grp__*.json")):
+        names = json.loads(manifest.read_text())["child_paths"]
+        gone = [n for n in names if not n.endswith((".json", ".cubin", ".hsaco"))]
+        for name in gone:
+            (manifest.parent / name).unlink()
+        lost[f"{manifest.parent.name}/{manifest.name}"] = gone
+    return lost
+
+
+def full_and_thinned(compiled_root: Path, work: Path) -> tuple[Path, Path]:
+    """Archives of one cache, whole and thinned to its binaries (``thin``)."""
+    import shutil
+
+    import tritonpack
+
+    root = work / "thinned-root"
+    shutil.copytree(compiled_root, root)
+    full, thinned = work / "full.tpack", work / "thin.tpack"
+    tritonpack.pack(root, full)
+    thin(root)
+    tritonpack.pack(root, thinned)
+    return full, thinned
+
+
 def pack_with_foreign_stub(compiled_root: Path, root: Path, archive: Path) -> Path:
     """``archive``: the compiled kernels (copied to ``root``) plus ``FOREIGN_STUB`` in a key directory of its own."""
     import shutil

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cache_key, snapshot, without_root_powers
+from conftest import cache_key, snapshot, thin, without_root_powers
 
 import tritonpack
 from tritonpack.cacheroot import scan_cache
@@ -403,19 +403,6 @@ def test_values_an_index_cannot_hold_are_left_out_or_skipped(tmp_path, root):
     with tritonpack.open(tmp_path / "k.tpack") as reader:
         packed = next(e.kernel for e in reader.entries if e.key == group.name and e.kind == "group")
     assert packed.num_warps is None and packed.shared is None and packed.arch is not None
-
-
-def thin(root) -> dict[str, list[str]]:
-    """Remove every group's IR files, as a script slimming a root to its binaries does (``find -name '*.ptx'
-    -delete``): each group's manifest path, and what it lost."""
-    lost = {}
-    for manifest in sorted(root.glob("*/__grp__*.json")):
-        names = json.loads(manifest.read_text())["child_paths"]
-        gone = [n for n in names if not n.endswith((".json", ".cubin", ".hsaco"))]
-        for name in gone:
-            (manifest.parent / name).unlink()
-        lost[f"{manifest.parent.name}/{manifest.name}"] = gone
-    return lost
 
 
 def test_a_thinned_group_is_packed_with_what_is_left_and_triton_hits_it(tmp_path, root):

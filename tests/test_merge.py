@@ -13,7 +13,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from conftest import FIXTURES, cache_key, snapshot  # noqa: E402
+from conftest import FIXTURES, cache_key, full_and_thinned, snapshot  # noqa: E402
 from kernels import HAS_LISTENER, TRITON_VERSION, compile_all, targets  # noqa: E402
 
 import tritonpack  # noqa: E402
@@ -114,15 +114,8 @@ def test_a_thinned_copy_of_a_group_is_the_same_kernel_and_the_fuller_one_is_kept
                                                                                   capsys):
     """One host's cache thinned to its binaries, another's whole: merge raised a conflict blaming the source path
     (exit 9), and --prefer could keep the IR-less copy. The copy with more files is kept, said, in either order."""
-    root = tmp_path / "root"
-    shutil.copytree(compiled_root, root)
-    full, thinned, out = tmp_path / "full.tpack", tmp_path / "thin.tpack", tmp_path / "m.tpack"
-    tritonpack.pack(root, full)
-    for manifest in root.glob("*/__grp__*.json"):
-        for name in json.loads(manifest.read_text())["child_paths"]:
-            if not name.endswith((".json", ".cubin", ".hsaco")):
-                (manifest.parent / name).unlink()
-    tritonpack.pack(root, thinned)
+    full, thinned = full_and_thinned(compiled_root, tmp_path)
+    out = tmp_path / "m.tpack"
     inputs = [full, thinned] if order == "full first" else [thinned, full]
     for prefer in (None, "first", "last"):
         result = tritonpack.merge(inputs, out, prefer=prefer)

@@ -139,18 +139,10 @@ def test_rerun_is_idempotent_and_differing_values_are_kept_unless_overwrite(arch
 def test_a_thinned_copy_over_whole_groups_is_present_and_leaves_them_whole(compiled_root, db, port, tmp_path):
     """An archive of a cache thinned to its binaries, unpacked over the whole groups: every group was a conflict,
     and --overwrite rewrote each manifest to list the binaries alone. They are present, as into a directory."""
-    import shutil
+    from conftest import full_and_thinned
 
     url = f"redis://127.0.0.1:{port}"
-    root = tmp_path / "root"
-    shutil.copytree(compiled_root, root)
-    full, thinned = tmp_path / "full.tpack", tmp_path / "thin.tpack"
-    tritonpack.pack(root, full)
-    for manifest in root.glob("*/__grp__*.json"):
-        for name in json.loads(manifest.read_text())["child_paths"]:
-            if not name.endswith((".json", ".cubin", ".hsaco")):
-                (manifest.parent / name).unlink()
-    tritonpack.pack(root, thinned)
+    full, thinned = full_and_thinned(compiled_root, tmp_path)
     tritonpack.unpack_to_redis(full, url, force=True)
     manifests = {k: db.get(k) for k in db.keys("*__grp__*")}
     for overwrite in (False, True):
