@@ -7,8 +7,9 @@ time after its run lock appears (staging); in 40% a random time after the first 
 entries commit in archive order). The windows come from a timed run. Then:
 
 1. every manifest in the root resolves through Triton's own ``FileCacheManager(key).get_group(name)`` (with
-   TRITON_CACHE_DIR set to the root), or is absent; and every visible group holds exactly the archive's files,
-   or exactly the user's own (the ``overwrite`` scenario starts from a root whose groups differ in 3 files);
+   TRITON_CACHE_DIR set to the root), or is absent, or hidden (a replace lists no file in it meanwhile); and
+   every visible group holds exactly the archive's files, or exactly the user's own (the ``overwrite`` scenario
+   starts from a root whose groups differ in 3 files);
 2. a re-run (the CLI's entry point, in the runner's process) exits 0, leaves no temp file or run lock anywhere,
    and every group is then present and resolves.
 

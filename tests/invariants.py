@@ -38,12 +38,21 @@ def expected_groups(archive) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def manifests(root) -> list[str]:
-    """The manifests Triton can see: ``<key>/__grp__*.json`` directly in a key directory of the root. A killed
-    unpack's staging directory (``tmp.tpack.*``, never a cache key) holds manifests that no lookup reaches."""
+    """The manifests Triton can see a group through: ``<key>/__grp__*.json`` directly in a key directory of the
+    root. A killed unpack's staging directory (``tmp.tpack.*``, never a cache key) holds manifests that no lookup
+    reaches, and a manifest a replace hid (it lists no file: every Triton misses it) shows no group."""
     if not os.path.isdir(root):
         return []
     return sorted(p for p in tree(root) if os.path.basename(p).startswith("__grp__")
-                  and len(p.split(os.sep)) == 2 and not p.startswith("tmp."))
+                  and len(p.split(os.sep)) == 2 and not p.startswith("tmp.") and not _hidden(os.path.join(root, p)))
+
+
+def _hidden(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read()) == {"child_paths": {}}
+    except (OSError, ValueError):
+        return False
 
 
 def group_problems(root, allowed: dict[tuple[str, str], list[dict[str, str]]] | None = None) -> list[str]:
@@ -61,8 +70,6 @@ def group_problems(root, allowed: dict[tuple[str, str], list[dict[str, str]]] | 
                 children = json.loads(f.read())["child_paths"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{rel}: unreadable manifest ({e})")
-            continue
-        if children == {}:  # hidden by a replace (cachedest.HIDDEN_MANIFEST): no visible group
             continue
         missing = [c for c, p in children.items() if not os.path.isfile(p)]
         outside = [c for c, p in children.items() if os.path.dirname(p) != os.path.join(root, key)]
