@@ -150,6 +150,27 @@ def test_fingerprint_is_cached_and_keyed_by_environment(monkeypatch):
     assert not changed.cached and changed.env.get(INVALIDATING) in ("0", "false", "False")
 
 
+def test_fingerprints_of_installations_gone_are_pruned(tmp_path, monkeypatch):
+    """Each Triton installation, toolkit and set of TRITON_* variables has a fingerprint of its own: they piled up in
+    ~/.cache/tritonpack, one more at every reinstall. The oldest go past KEPT_FINGERPRINTS; the rest stay."""
+    from tritonpack.fingerprint import KEPT_FINGERPRINTS
+
+    home = tmp_path / "xdg" / "tritonpack"
+    home.mkdir(parents=True)
+    (home / "tracking.py").write_text("")  # another file of that directory (record's), never pruned
+    for n in range(KEPT_FINGERPRINTS + 8):
+        old = home / f"fingerprint-{n:024x}-{n:016x}.json"
+        old.write_text("{}")
+        os.utime(old, (1000 + n, 1000 + n))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert not local_triton({("cuda", 90, 32)}).cached
+    left = sorted(p.name for p in home.glob("fingerprint-*.json"))
+    assert len(left) == KEPT_FINGERPRINTS and (home / "tracking.py").exists()
+    newest = KEPT_FINGERPRINTS + 7
+    assert f"fingerprint-{0:024x}-{0:016x}.json" not in left and f"fingerprint-{newest:024x}-{newest:016x}.json" in left
+    assert local_triton({("cuda", 90, 32)}).cached
+
+
 def test_a_user_with_no_home_keeps_no_fingerprint_and_makes_no_tilde_directory(tmp_path, monkeypatch):
     """``docker run --user 12345``: no ``HOME``, no entry in the password database. ``~`` stays ``~``: the
     fingerprint is computed every time, as with a read-only home, where it went to ``./~/.cache/tritonpack``."""

@@ -160,8 +160,12 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
     return result
 
 
+KEPT_FINGERPRINTS = 32  # a Triton reinstalled, a toolkit upgraded, another set of TRITON_* variables: one each
+
+
 def _store(path: str, doc: dict) -> None:
-    """Best effort: a read-only home only costs speed."""
+    """Best effort: a read-only home only costs speed. Each installation and environment has a fingerprint of its
+    own; where more than ``KEPT_FINGERPRINTS`` are kept, the oldest go (one that is still used is made again)."""
     import tempfile
 
     with contextlib.suppress(OSError):
@@ -174,3 +178,16 @@ def _store(path: str, doc: dict) -> None:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        _prune(os.path.dirname(path), keep=path)
+
+
+def _prune(directory: str, keep: str) -> None:
+    kept = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith("fingerprint-") and entry.name.endswith(".json") and entry.path != keep:
+                with contextlib.suppress(OSError):
+                    kept.append((entry.stat().st_mtime_ns, entry.path))
+    for _, old in sorted(kept)[:max(0, len(kept) - (KEPT_FINGERPRINTS - 1))]:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
