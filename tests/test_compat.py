@@ -719,6 +719,29 @@ def test_amd_backend_of_triton_before_3_5_is_named_by_its_linker(tmp_path, compi
     assert [str(m) for m in verdict.mismatches] == ["backend: archive ld.lld 19.1.7, here ld.lld 17.0.0"]
 
 
+@pytest.mark.skipif(not links_amd(), reason="this Triton cannot compile for AMD here")
+def test_an_amd_arch_at_two_warp_sizes_keeps_a_backend_hash_for_each(tmp_path, monkeypatch):
+    """Triton's AMD backend hash names the warp size. The hashes were kept by arch alone: the fingerprint served one
+    warp size's hash for the other, the archive recorded it, and a fresh machine refused kernels Triton hits."""
+    from kernels import cache_dir, source
+    from triton.backends.compiler import GPUTarget
+
+    fn, signature, constexprs = SOURCES[0]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-build"))
+    for warp in (32, 64):
+        with cache_dir(tmp_path / f"w{warp}"):
+            triton.compile(source(fn, signature, constexprs), target=GPUTarget("hip", "gfx942", warp))
+        tritonpack.pack(tmp_path / f"w{warp}", tmp_path / f"w{warp}.tpack")
+    for warp, key in ((32, "hip:gfx942:32"), (64, "hip:gfx942")):
+        with tritonpack.open(tmp_path / f"w{warp}.tpack") as reader:
+            assert list(reader.info.triton.backend_hashes) == [key]
+            assert f"warp_size={warp}" in reader.info.triton.backend_hashes[key] or TRITON_VERSION < (3, 5)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-deploy"))  # another machine, the same Triton
+    for warp in (32, 64):
+        report = tritonpack.check(tmp_path / f"w{warp}.tpack", [f"hip:gfx942:{warp}"])
+        assert report.usable_count == 1, [str(m) for v in report.verdicts for m in v.mismatches]
+
+
 def test_a_target_that_differs_in_its_warp_size_alone_names_both_warp_sizes(tmp_path, compiled_root):
     """A gfx942 kernel of warp 64 checked against --target hip:gfx942:32 read "target: archive hip:gfx942, here
     hip:gfx942 (--target)": the same words on both sides."""

@@ -13,7 +13,17 @@ from . import __version__
 from .archive.format import DEFAULT_LEVEL, format_version
 from .archive.reader import ArchiveReader
 from .errors import CacheError, IncompatibleError, UsageError
-from .model import GROUP, ArchiveInfo, Entry, TritonInfo, disowned, manifest_name, named_version, naming_triton
+from .model import (
+    GROUP,
+    ArchiveInfo,
+    Entry,
+    TritonInfo,
+    disowned,
+    hash_key,
+    manifest_name,
+    named_version,
+    naming_triton,
+)
 from .remote import open_source, shown
 from .selection import EVERYTHING, Offered, Selection
 from .triton_env import cache_root, key_releases, releases_keyed_as, resolved_root
@@ -217,7 +227,7 @@ def pack(
             raise UsageError(f"nothing to pack: no kernel matches --arch or --kernel ({_left_out(0, not_selected)}; "
                              f"{offer.words(selection)})", root)
         local = local_triton(targets)  # the cached fingerprint: no Triton import, no libtriton hash when warm
-        triton, triton_note = _compiling_triton(compilers, unnamed, local, {f"{b}:{a}" for b, a, _ in targets})
+        triton, triton_note = _compiling_triton(compilers, unnamed, local, {hash_key(*t) for t in targets})
         triton, elsewhere = checked_hashes(triton, scan.entries)
         python = python_info()
         guessed = None

@@ -259,8 +259,8 @@ def _check_backend(entry: Entry, compiler: TritonInfo | None, local: LocalTriton
     k = entry.kernel
     if k is None or compiler is None:
         return []
-    theirs = compiler.backend_hashes.get(k.target)
-    ours = local.backend_hashes.get(k.target)
+    theirs = compiler.backend_hashes.get(k.hash_key)
+    ours = local.backend_hashes.get(k.hash_key)
     if theirs is None or ours is None or theirs == ours:
         return []
     return [Mismatch(BACKEND, _toolchain_release(theirs), _toolchain_release(ours))]
@@ -272,18 +272,19 @@ def _unrecorded_target(entry: Entry, compiler: TritonInfo | None) -> str | None:
     disagree on it."""
     k = entry.kernel
     if k is None or k.backend is None or compiler is None or not compiler.key_sha256 or \
-            k.target in compiler.backend_hashes:
+            k.hash_key in compiler.backend_hashes:
         return None
-    return k.target
+    return k.hash_key
 
 
 def _unhashed_target(entry: Entry, compiler: TritonInfo | None, local: LocalTriton) -> str | None:
     """The target of a kernel whose backend hash the archive records and this Triton cannot compute: its
     toolchain is missing (ROCm's ld.lld, which Triton 3.0-3.4 run even to hash the AMD backend)."""
     k = entry.kernel
-    if k is None or compiler is None or k.target not in compiler.backend_hashes or k.target in local.backend_hashes:
+    if k is None or compiler is None or k.hash_key not in compiler.backend_hashes or \
+            k.hash_key in local.backend_hashes:
         return None
-    return k.target
+    return k.hash_key
 
 
 def _check_target(entry: Entry, env: Environment) -> list[Mismatch]:

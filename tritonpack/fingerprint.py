@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from .model import hash_key
+
 # Names of variables that may invalidate Triton's cache or change a backend hash: all those that Triton's
 # get_cache_invalidating_env_vars() knows begin with one of these.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ALLOW_", "USE_")
@@ -24,7 +26,7 @@ _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "
 # ``TRITON_CACHE_DIR`` set to the same root must find the build's stamp and fingerprint.
 _LOCATION_VARIABLES = frozenset({"TRITON_CACHE_DIR", "TRITON_HOME"})
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2  # 2: backend hashes keyed by model.hash_key (a warp size that is not the arch's own)
 
 
 class LocalTriton(NamedTuple):
@@ -119,7 +121,7 @@ def _compute(targets: Iterable[tuple[str, str | int, int]], known: dict[str, str
     """The slow path: import Triton, hash it, ask it for backend hashes and the invalidating variables."""
     from .triton_env import triton_info
 
-    info = triton_info([t for t in targets if f"{t[0]}:{t[1]}" not in known])
+    info = triton_info([t for t in targets if hash_key(*t) not in known])
     try:
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
@@ -138,7 +140,7 @@ def local_triton(targets: Iterable[tuple[str, str | int, int]] = (), use_cache: 
     if version is None:
         return None
     targets = set(targets)
-    wanted = {f"{b}:{a}" for b, a, _ in targets}
+    wanted = {hash_key(*target) for target in targets}
     home = cache_home() if use_cache else None
     path = os.path.join(home, f"fingerprint-{_installed_identity(package)[:24]}-"
                               f"{env_digest(os.environ)[:16]}.json") if home else None

@@ -340,7 +340,7 @@ def merge(
         store = BlobStore(readers, ((s, readers[s].blob_of(n, j)) for s, n, _ in picked for j in keep[(s, n)]),
                           max_blocks=max_blocks)
         contributing = sorted({s for s, _, _ in picked})
-        info = merged_info([(readers[n].info, {e.kernel.target for s, _, e in picked
+        info = merged_info([(readers[n].info, {e.kernel.hash_key for s, _, e in picked
                                                 if s == n and e.kernel and e.kernel.backend})
                             for n in contributing], created)
         theirs = attributed([e for _, _, e in picked], info)  # what the output would attribute to them

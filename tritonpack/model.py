@@ -25,6 +25,14 @@ def manifest_name(group_name: str) -> str:
     return f"{MANIFEST_PREFIX}{group_name}.json"
 
 
+def hash_key(backend: str, arch: str | int | None, warp_size: int | None) -> str:
+    """Where an archive's or a fingerprint's backend hash of a target is kept: ``backend:arch``, then ``:warp``
+    where the warp size is not the arch family's own (64 for AMD's gfx9, else 32; spec §4.2). Triton's AMD backend
+    hash names the warp size: one arch compiled at two warp sizes has two hashes."""
+    own = 64 if backend == "hip" and str(arch).startswith("gfx9") else 32
+    return f"{backend}:{arch}" if warp_size in (None, own) else f"{backend}:{arch}:{warp_size}"
+
+
 HIDDEN_MANIFEST = b'{"child_paths": {}}'  # what a replace puts in a group's manifest while its files change
 
 
@@ -103,6 +111,11 @@ class KernelInfo(NamedTuple):
         if self.backend is None:
             return "?"
         return f"{self.backend}:{self.arch}"
+
+    @property
+    def hash_key(self) -> str:
+        """Where the backend hash of its target is kept (``hash_key``)."""
+        return hash_key(self.backend, self.arch, self.warp_size) if self.backend is not None else "?"
 
 
 class AutotuneInfo(NamedTuple):

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from .archive.format import DEFAULT_LEVEL, format_version
 from .cacheroot import LocalEntry, Skipped, scan_keys
 from .errors import CacheError, RecordError, Terminated, UsageError
-from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, index_order, manifest_name
+from .model import FILE, GROUP, ArchiveInfo, PythonInfo, TritonInfo, hash_key, index_order, manifest_name
 from .report import Thinned, count_words, foreign_manifests_line, human_bytes, kind_counts, plural, thinned_line
 
 HOOK_MODULE = "tritonpack_record_hook"  # the name record_hook.py gets in the command's PYTHONPATH
@@ -270,7 +270,7 @@ def archive_info(entries: Sequence[LocalEntry], processes: Mapping[int, dict], c
                    if e.kernel and e.kernel.backend and e.kernel.arch is not None and e.kernel.warp_size}
         here = local_triton(targets) if directory and directory == _local_triton_dir() else None
         if here is not None and here.version == triton_version:
-            wanted = {f"{b}:{a}" for b, a, _ in targets}
+            wanted = {hash_key(*target) for target in targets}
             triton, elsewhere = checked_hashes(TritonInfo(here.version, here.key_sha256, {
                 t: h for t, h in sorted(here.backend_hashes.items()) if t in wanted}), entries)
             if elsewhere:

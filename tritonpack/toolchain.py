@@ -113,7 +113,7 @@ def checked_hashes(triton: TritonInfo | None, entries: Iterable[LocalEntry]) -> 
     (found on disk) were compiled with another ptxas, and the note that says so (None where there is none)."""
     if triton is None or not triton.backend_hashes:
         return triton, None
-    kernels = ((e.kernel.target, e.files[0].directory, e.name) for e in entries
+    kernels = ((e.kernel.hash_key, e.files[0].directory, e.name) for e in entries
                if e.kernel is not None and e.kernel.backend == "cuda" and e.files)
     found = compiled_elsewhere(kernels, triton.backend_hashes)
     if not found:

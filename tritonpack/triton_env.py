@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Mapping
 
 from .errors import CacheError, UsageError
-from .model import PythonInfo, TritonInfo
+from .model import PythonInfo, TritonInfo, hash_key
 
 
 def release_of(version: str | None) -> tuple[int, int] | None:
@@ -156,7 +156,7 @@ def _backend_hash(backend: str, arch: str | int, warp_size: int) -> str | None:
 def triton_info(targets: Iterable[tuple[str, str | int, int]] = ()) -> TritonInfo | None:
     """The local Triton's version, a digest of ``triton_key()`` and ``backend.hash()`` for each target.
 
-    ``targets`` are ``(backend, arch, warp_size)``; their hashes are keyed ``backend:arch``.
+    ``targets`` are ``(backend, arch, warp_size)``; their hashes are keyed by ``model.hash_key``.
     """
     triton = _import_triton()
     if triton is None:
@@ -170,5 +170,5 @@ def triton_info(targets: Iterable[tuple[str, str | int, int]] = ()) -> TritonInf
     for backend, arch, warp_size in sorted(set(targets), key=str):
         value = _backend_hash(backend, arch, warp_size)
         if value is not None:
-            hashes[f"{backend}:{arch}"] = value
+            hashes[hash_key(backend, arch, warp_size)] = value
     return TritonInfo(version=triton.__version__, key_sha256=key_sha256, backend_hashes=hashes)
