@@ -966,6 +966,19 @@ def test_a_setting_under_which_triton_misses_unseen_is_said(tmp_path, compiled_r
     assert bool(said) == (TRITON_VERSION >= (3, 4))
 
 
+def test_a_launcher_stub_keyed_by_where_triton_is_installed_is_said_so(tmp_path, compiled_root):
+    """Triton 3.8+ key a launcher stub by their install directory and libcuda's too (``runtime/build.py``), which
+    no archive records: check called such a stub usable, and it hits only where both are the same."""
+    root = tmp_path / "root"
+    shutil.copytree(compiled_root, root)
+    add_stubs_and_autotune_result(root)
+    tritonpack.pack(root, tmp_path / "a.tpack")
+    said = [n for n in tritonpack.check(tmp_path / "a.tpack").unchecked if "(launcher stubs): Triton 3.8+" in n]
+    assert len(said) == (TRITON_VERSION >= (3, 8))
+    if said:
+        assert said[0].startswith("1 entry (launcher stubs): Triton 3.8+ looks one up by a key that names its install")
+
+
 def test_a_stub_whose_name_says_no_python_is_said_tagged_with_the_packer_s(tmp_path, compiled_root, monkeypatch):
     """Triton 3.0-3.3 name a launcher stub <name>.so: pack tags it with its own Python's ABI, right where it runs on
     the program's Python. Where the kernels' Triton is not importable beside it (tritonpack installed with pipx,
