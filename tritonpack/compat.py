@@ -366,14 +366,15 @@ def check_entries(entries: tuple[Entry, ...], info: ArchiveInfo, env: Environmen
     unchecked = []
     if env.triton is None:
         unchecked.append("Triton is not importable here: Triton build, backend and env vars were not checked")
-    if env.targets is None and any(e.kind == GROUP for e in entries):
+    kernels = any(e.kind == GROUP for e in entries)
+    if env.targets is None and kernels:
         unchecked.append("no GPU visible: target arch not checked (use --target to name the GPUs)")
     if any(e.kind == AUTOTUNE for e in entries):
         unchecked.append("autotune results record no target or env vars: only their Triton was checked")
-    if "TRITON_ALWAYS_COMPILE" in env.cache_off and any(e.kind == GROUP for e in entries):
+    if "TRITON_ALWAYS_COMPILE" in env.cache_off and kernels:
         unchecked.append("TRITON_ALWAYS_COMPILE is set here: Triton compiles every kernel again and reads none from "
                          "the cache (the verdicts hold where a program runs without it)")
-    if "TRITON_DEBUG" in env.cache_off and any(e.kind == GROUP for e in entries):
+    if "TRITON_DEBUG" in env.cache_off and kernels:
         unchecked.append("TRITON_DEBUG is set here: Triton's JIT compiles every kernel with debug on, and those "
                          "compiled without it miss (the archive does not record which were)")
     unowned = attributed(entries if packed is None else packed, info) if env.triton is not None else None

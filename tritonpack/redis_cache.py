@@ -133,28 +133,27 @@ def plan(client, url: str, fmt: str, chosen: Sequence[tuple[Sequence[int], Entry
     """Compare each chosen entry (with the archive's blob of each of its files) with what the server holds."""
     values: list[tuple[str, int | None, Callable[..., bool]]]  # called with the data (defaults bind the rest)
     values, spans = [], []
-    more: dict[str, list[str]] = {}  # a stored manifest's key -> the names it lists beyond the entry's
-    for _, entry in chosen:
+    more: dict[int, list[str]] = {}  # a chosen group -> the names its stored manifest lists beyond the entry's
+    for n, (_, entry) in enumerate(chosen):
         first = len(values)
         for f in entry.files:
             values.append((redis_key(fmt, entry.key, f.name), f.size,
                            lambda data, digest=f.sha256: hashlib.sha256(data).digest() == digest))
         if entry.kind == GROUP:
-            manifest = redis_key(fmt, entry.key, manifest_name(entry.name))
-            values.append((manifest, None, lambda data, names=frozenset(entry.file_names), key=manifest:
-                           _lists_all(data, names, more.setdefault(key, []))))
+            values.append((redis_key(fmt, entry.key, manifest_name(entry.name)), None,
+                           lambda data, names=frozenset(entry.file_names), n=n:
+                           _lists_all(data, names, more.setdefault(n, []))))
         spans.append((first, len(values)))
     states = _states(client, url, values)
-    gone = _absent(client, url, [redis_key(fmt, e.key, name) for _, e in chosen if e.kind == GROUP
-                                 for name in more.get(redis_key(fmt, e.key, manifest_name(e.name)), ())])
+    gone = _absent(client, url, [redis_key(fmt, chosen[n][1].key, name) for n, names in more.items()
+                                 for name in names])
     plans = []
-    for (blobs, entry), (first, last) in zip(chosen, spans, strict=True):
-        others: tuple[str, ...] = ()
-        if entry.kind == GROUP:  # files the stored manifest lists beyond the entry's: kept listed where still there
-            listed = more.get(redis_key(fmt, entry.key, manifest_name(entry.name)), [])
-            others = tuple(sorted(n for n in listed if redis_key(fmt, entry.key, n) not in gone))
-            if len(others) < len(listed):
-                states[last - 1] = None  # it lists a value that is gone (evicted): a broken group, written again
+    for n, ((blobs, entry), (first, last)) in enumerate(zip(chosen, spans, strict=True)):
+        # files the stored manifest lists beyond the entry's: kept listed where still there
+        listed = more.get(n, [])
+        others = tuple(name for name in listed if redis_key(fmt, entry.key, name) not in gone)
+        if len(others) < len(listed):
+            states[last - 1] = None  # it lists a value that is gone (evicted): a broken group, written again
         action, todo = decide(states[first:last], overwrite)
         plans.append(Placement(entry, blobs, action, tuple(i for i in todo if i < len(entry.files)), others=others))
     return plans
@@ -217,8 +216,8 @@ def write(client, url: str, fmt: str, reader: ArchiveReader, plans: Sequence[Pla
     _call(pipe.execute, url)
     for p in plans:
         if p.writes_manifest:
-            others = p.others if p.action != REPLACE else ()
-            pipe.set(redis_key(fmt, p.entry.key, manifest_name(p.entry.name)), manifest_value(p.entry, others))
+            manifest = redis_key(fmt, p.entry.key, manifest_name(p.entry.name))
+            pipe.set(manifest, manifest_value(p.entry, p.manifest_names))  # the others it lists, unless a replace
     _call(pipe.execute, url)
     return files, written
 

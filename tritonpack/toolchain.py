@@ -55,12 +55,6 @@ def ptx_version_of(path: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _declared(kernel: tuple[str, str, str]) -> tuple[int, int] | None:
-    """The PTX ISA a kernel's (target, directory, name) .ptx declares."""
-    _, directory, name = kernel
-    return ptx_version_of(os.path.join(directory, f"{name}.ptx"))
-
-
 def _asked_for(directory: str, name: str) -> bool:
     """Whether a kernel was compiled with a ``ptx_version`` option (its metadata says so): then its .ptx says
     nothing of its ptxas. Read only for a kernel whose .ptx disagrees."""
@@ -80,12 +74,11 @@ def compiled_elsewhere(kernels: Iterable[tuple[str, str, str]], hashes: Mapping[
     10,000 kernels in 0.1 s here from the page cache (threads took 0.45 s, taking turns on the interpreter lock)."""
     expected = {target: ptx_isa(h) for target, h in hashes.items()}
     found: dict[str, Counter] = {}
-    for kernel in kernels:
-        target, directory, name = kernel
+    for target, directory, name in kernels:
         isa = expected.get(target)
         if isa is None:
             continue
-        version = _declared(kernel)
+        version = ptx_version_of(os.path.join(directory, f"{name}.ptx"))
         if version is not None and version != isa and not _asked_for(directory, name):
             found.setdefault(target, Counter())[version] += 1
     return found
@@ -97,11 +90,11 @@ def compiled_elsewhere_note(found: Mapping[str, Counter], hashes: Mapping[str, s
 
     parts = []
     for target, versions in sorted(found.items()):
-        isa = ptx_isa(hashes[target])
-        declared = ", ".join(f"{major}.{minor}" for major, minor in sorted(versions))
+        major, minor = ptx_isa(hashes[target]) or (0, 0)  # found only for targets whose ptxas it knows
+        declared = ", ".join(f"{v[0]}.{v[1]}" for v in sorted(versions))
         count = sum(versions.values())
         parts.append(f"{plural(count, 'kernel')} for {target} {'declares' if count == 1 else 'declare'} PTX "
-                     f"{declared}, where the ptxas here writes {isa[0]}.{isa[1]}" if isa else target)
+                     f"{declared}, where the ptxas here writes {major}.{minor}")
     targets = ", ".join(sorted(found))
     return (f"{'; '.join(parts)}: they were compiled with another ptxas (TRITON_PTXAS_PATH in the compiling process, "
             f"a CUDA upgraded since), so the archive records no backend hash for {targets}, and their backend is "
